@@ -1,0 +1,99 @@
+"""Progress display on global rank 0: a tqdm bar per epoch (verbose=1) or one line per epoch (verbose=2)."""
+from __future__ import annotations
+
+import time
+
+from easyfit.callbacks.base import Callback
+
+
+def format_logs(logs: dict | None) -> str:
+    return " - ".join(f"{key}: {value:.4f}" for key, value in (logs or {}).items() if isinstance(value, float))
+
+
+def progress_callbacks(verbose: int, is_global_zero: bool) -> list[Callback]:
+    """The display callback for a verbosity level; none off rank 0 or with verbose=0."""
+    if not verbose or not is_global_zero:
+        return []
+    return [ProgressBar()] if verbose == 1 else [EpochSummary()]
+
+
+class EpochSummary(Callback):
+    """One line per epoch (or per evaluate call) with the epoch's time, loss and metrics."""
+
+    def __init__(self):
+        self.started = 0.0
+
+    def _title(self, epoch) -> str:
+        return f"Epoch {epoch + 1}/{self.params.get('epochs', '?')}"
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.started = time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        print(f"{self._title(epoch)} - {time.monotonic() - self.started:.1f}s - {format_logs(logs)}", flush=True)
+
+    def on_test_end(self, logs=None):
+        if "epochs" not in self.params:   # fit's validation is part of the epoch line
+            print(f"Evaluate - {format_logs(logs)}", flush=True)
+
+
+class ProgressBar(EpochSummary):
+    """A tqdm bar showing the running loss while an epoch trains and every metric when it ends.
+
+    The running loss is read at most every `refresh_seconds`, so the bar adds no per-step sync."""
+
+    def __init__(self, refresh_seconds: float = 0.1):
+        super().__init__()
+        self.refresh_seconds = refresh_seconds
+        self.bar = None
+        self.last_refresh = 0.0
+
+    def _open(self, total, description: str) -> None:
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total, desc=description, unit="step", leave=True, dynamic_ncols=True)
+        self.last_refresh = time.monotonic()
+
+    def _advance(self, logs) -> None:
+        bar = self.bar
+        if bar is None:
+            return
+        bar.update(1)
+        now = time.monotonic()
+        if logs is not None and now - self.last_refresh >= self.refresh_seconds:
+            self.last_refresh = now
+            bar.set_postfix_str(f"loss: {logs['loss']:.4f}", refresh=False)
+
+    def _close(self, logs: dict | None) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(format_logs(logs), refresh=True)
+            self.bar.close()
+            self.bar = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._open(self.params.get("steps_per_epoch"), self._title(epoch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._advance(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._close(logs)
+
+    def on_test_begin(self, logs=None):
+        if "epochs" not in self.params:
+            self._open(None, "Evaluate")
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._advance(logs)
+
+    def on_test_end(self, logs=None):
+        if "epochs" not in self.params:
+            self._close(logs)
+
+    def on_predict_begin(self, logs=None):
+        self._open(None, "Predict")
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._advance(None)
+
+    def on_predict_end(self, logs=None):
+        self._close(None)

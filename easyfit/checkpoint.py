@@ -1,0 +1,44 @@
+"""Checkpoint files: written atomically (temp file, fsync, rename), checked on load."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+FORMAT_KEY = "easyfit_checkpoint"
+FORMAT_VERSION = 1
+
+
+def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:
+    """Write `state` to `path` so that a crash mid-write never leaves a truncated file behind."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temp_path = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_path, path)
+    except BaseException:
+        if os.path.exists(temp_path):
+            os.remove(temp_path)
+        raise
+
+
+def load_checkpoint_file(path: str | os.PathLike, map_location=None) -> dict:
+    """Read a checkpoint written by `save_checkpoint_file`; clear errors for a missing or foreign file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist; check the path "
+                                "(ModelCheckpoint and model.save write the files easyfit can resume from)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as error:
+        raise ValueError(f"{path!r} is not an easyfit checkpoint: it could not be read by torch.load ({error})") from None
+    if not isinstance(state, dict) or FORMAT_KEY not in state:
+        raise ValueError(f"{path!r} is not an easyfit checkpoint (it has no {FORMAT_KEY!r} marker). "
+                         "Load plain state dicts with net.load_state_dict(torch.load(path)) instead.")
+    return state

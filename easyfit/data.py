@@ -1,0 +1,330 @@
+"""Turn what the user passes (arrays, tensors, datasets, loaders, iterables) into batches on a device.
+
+In-memory tensors and TensorDatasets are batched by indexing whole batches out of the tensors
+(`x[idx]`), which costs one op per tensor instead of collating sample by sample.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
+
+
+class EpochSampler(Sampler):
+    """All indices once per epoch; the shuffle order is a function of (seed, epoch) only,
+    so a resumed run sees exactly the order an uninterrupted one would."""
+
+    def __init__(self, length: int, shuffle: bool, seed: int = 0):
+        self.length, self.shuffle, self.seed, self.epoch = length, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def index_tensor(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.length)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.length, generator=generator)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index_tensor().tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class EvalSampler(Sampler):
+    """Rank r of W gets indices r, r+W, r+2W, ...: every sample exactly once, no padding."""
+
+    def __init__(self, length: int, rank: int = 0, world_size: int = 1):
+        self.length, self.rank, self.world_size = length, rank, world_size
+
+    def index_tensor(self) -> torch.Tensor:
+        return torch.arange(self.rank, self.length, self.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+
+def sampler_indices(sampler: Sampler) -> torch.Tensor:
+    """The indices a sampler yields this epoch, as one tensor."""
+    index_tensor = getattr(sampler, "index_tensor", None)
+    if index_tensor is not None:
+        return index_tensor()
+    return torch.as_tensor(list(sampler), dtype=torch.long)
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) tuple / list / dict batch to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    return batch
+
+
+# ----------------------------------------------------------------------------------------
+# Batch sources: each yields batches for one epoch, on the target device.
+# ----------------------------------------------------------------------------------------
+class TensorBatches:
+    """Batches indexed straight out of in-memory tensors."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], batch_size: int, sampler: Sampler,
+                 device: torch.device):
+        self.batch_size, self.sampler, self.device = batch_size, sampler, device
+        self.tensors = tensors
+        self.on_device = all(t.device == device for t in tensors)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        indices = sampler_indices(self.sampler)
+        tensors, batch_size = self.tensors, self.batch_size
+        for start in range(0, len(indices), batch_size):
+            idx = indices[start:start + batch_size]
+            batch = tuple(t[idx] for t in tensors)
+            yield batch if self.on_device else move_to_device(batch, self.device)
+
+
+class LoaderBatches:
+    """Batches from a DataLoader or any re-iterable of batches, moved to the device."""
+
+    def __init__(self, loader: Iterable, device: torch.device):
+        self.loader, self.device = loader, device
+        self.epochs_started = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        sampler = getattr(self.loader, "sampler", None)
+        for candidate in (sampler, getattr(self.loader, "batch_sampler", None)):
+            set_epoch = getattr(candidate, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
+                return
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def has_length(self) -> bool:
+        try:
+            len(self.loader)
+        except TypeError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[Any]:
+        self.epochs_started += 1
+        empty = True
+        for batch in self.loader:
+            empty = False
+            yield move_to_device(batch, self.device)
+        if empty and self.epochs_started > 1:
+            raise ValueError(
+                "the training data yielded no batches in epoch {}: a one-shot iterator or generator is "
+                "exhausted after one pass. Pass a re-iterable (a list of batches, a Dataset or a DataLoader) "
+                "to train for several epochs.".format(self.epochs_started))
+
+
+# ----------------------------------------------------------------------------------------
+# Normalising user input
+# ----------------------------------------------------------------------------------------
+def as_tensor(array: Any, name: str) -> torch.Tensor:
+    """A numpy array / list / tensor as a tensor; float64 numpy data becomes float32 (PyTorch's default)."""
+    if isinstance(array, torch.Tensor):
+        return array
+    try:
+        tensor = torch.as_tensor(array)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} could not be turned into a tensor ({type(array).__name__}): {error}") from None
+    return tensor.float() if tensor.dtype == torch.float64 else tensor
+
+
+def _tensors_from(x: Any, y: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors behind in-memory data, or None when `x` is a dataset / loader / iterable."""
+    if isinstance(x, TensorDataset):
+        if y is not None:
+            raise ValueError("y was given together with a TensorDataset: the dataset already holds the targets")
+        return tuple(x.tensors)
+    if isinstance(x, (Dataset, DataLoader)) or (not _is_array_like(x) and y is None and _is_iterable(x)):
+        if y is not None:
+            raise ValueError(f"y was given together with a {type(x).__name__}: pass targets inside the data instead")
+        return None
+    tensors = (as_tensor(x, "x"),) if y is None else (as_tensor(x, "x"), as_tensor(y, "y"))
+    if tensors[0].dim() == 0:
+        raise ValueError("x is a scalar; pass an array or tensor whose first dimension indexes samples")
+    if len(tensors) == 2 and len(tensors[0]) != len(tensors[1]):
+        raise ValueError(f"x and y have different numbers of samples: x has {len(tensors[0])}, "
+                         f"y has {len(tensors[1])}. They must match along the first dimension.")
+    return tensors
+
+
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) or hasattr(x, "__array__") or isinstance(x, (list, tuple)) and (
+        len(x) > 0 and isinstance(x[0], (int, float, list)))
+
+
+def _is_iterable(x: Any) -> bool:
+    try:
+        iter(x)
+    except TypeError:
+        return False
+    return True
+
+
+def check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def split_validation(x: Any, y: Any, validation_split: float):
+    """Hold out the last `validation_split` fraction of the samples (before shuffling), as Keras does.
+
+    Returns ((x_train, y_train), (x_val, y_val)); each pair may be (Dataset, None)."""
+    if not isinstance(validation_split, (int, float)) or not 0 <= validation_split < 1:
+        raise ValueError(f"validation_split must be a fraction in [0, 1), got {validation_split!r}")
+    tensors = _tensors_from(x, y)
+    length = len(tensors[0]) if tensors is not None else _dataset_length(x, "validation_split")
+    n_val = int(math.floor(length * validation_split))
+    if validation_split > 0 and n_val == 0:
+        raise ValueError(f"validation_split={validation_split} of {length} samples holds out no sample; "
+                         "use a larger fraction or pass validation_data")
+    n_train = length - n_val
+    if tensors is None:
+        return (Subset(x, range(n_train)), None), (Subset(x, range(n_train, length)), None)
+    train = TensorDataset(*(t[:n_train] for t in tensors))
+    val = TensorDataset(*(t[n_train:] for t in tensors))
+    return (train, None), (val, None)
+
+
+def _dataset_length(x: Any, purpose: str) -> int:
+    if isinstance(x, Dataset) and not isinstance(x, IterableDataset) and hasattr(x, "__len__"):
+        return len(x)
+    raise ValueError(f"{purpose} needs arrays, tensors or a map-style Dataset with a length; "
+                     f"got {type(x).__name__}. Pass validation_data explicitly instead.")
+
+
+def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Undo EvalSampler's split: parts[r] holds samples r, r+W, ...; return all samples in order."""
+    world_size = len(parts)
+    total = sum(len(part) for part in parts)
+    merged = parts[0].new_empty((total, *parts[0].shape[1:]))
+    for rank, part in enumerate(parts):
+        merged[rank::world_size] = part
+    return merged
+
+
+def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
+                 seed: int = 0, num_workers: int = 0, replace_sampler: bool = True):
+    """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`."""
+    check_batch_size(batch_size)
+    device = strategy.root_device
+    tensors = _tensors_from(x, y)
+    if tensors is not None:
+        length = len(tensors[0])
+        _check_not_empty(length)
+        sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
+        return _mark_sharded(TensorBatches(tensors, batch_size, sampler, device), train, strategy)
+    if isinstance(x, DataLoader):
+        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device)
+        return _mark_sharded(batches, train or not replace_sampler, strategy)
+    if isinstance(x, IterableDataset):
+        _warn_iterable_not_sharded(strategy)
+        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device)
+    if isinstance(x, Dataset):
+        length = _dataset_length(x, "a Dataset")
+        _check_not_empty(length)
+        sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
+        loader = DataLoader(x, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                            pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+        return _mark_sharded(LoaderBatches(loader, device), train, strategy)
+    if strategy.world_size > 1:
+        _warn_iterable_not_sharded(strategy)
+    return LoaderBatches(x, device)
+
+
+def _mark_sharded(batches, train: bool, strategy):
+    """Note on evaluation batches whether each rank holds a strided share (so outputs can be interleaved)."""
+    batches.sharded = not train and strategy.world_size > 1
+    return batches
+
+
+def _check_not_empty(length: int) -> None:
+    if length == 0:
+        raise ValueError("the data is empty (0 samples); pass at least one sample")
+
+
+def _warn_iterable_not_sharded(strategy) -> None:
+    if strategy.world_size > 1:
+        warnings.warn("an iterable dataset cannot be split between processes automatically: every one of the "
+                      f"{strategy.world_size} processes reads it whole. Shard it yourself by rank "
+                      "(model.global_rank / model.world_size) or pass a map-style Dataset.", stacklevel=3)
+
+
+def _shard_loader(loader: DataLoader, strategy, train: bool, replace_sampler: bool, seed: int) -> DataLoader:
+    """The user's DataLoader, with its sampler replaced by a per-rank one when running on several processes."""
+    if strategy.world_size == 1 or not replace_sampler:
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        _warn_iterable_not_sharded(strategy)
+        return loader
+    if loader.batch_sampler is not None and loader.batch_size is None:
+        raise ValueError("a DataLoader with a custom batch_sampler cannot be split between processes "
+                         "automatically; shard it yourself and pass replace_sampler=False")
+    length = len(loader.dataset)
+    if not train:
+        sampler = strategy.eval_sampler(length)
+    elif type(loader.sampler).__name__ in ("RandomSampler", "SequentialSampler"):
+        shuffle = type(loader.sampler).__name__ == "RandomSampler"
+        sampler = strategy.train_sampler(length, shuffle, seed)
+    else:
+        sampler = strategy.wrap_user_sampler(loader.sampler)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+                      persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
+                      timeout=loader.timeout, prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """(inputs, target) from a batch: (x, y) / [x, y] / (x,) / x / {"...": ..., "y"|"target"|"label": ...}."""
+    if isinstance(batch, (tuple, list)):
+        if len(batch) == 2:
+            return batch[0], batch[1]
+        if len(batch) == 1:
+            return batch[0], None
+        return tuple(batch[:-1]), batch[-1]
+    if isinstance(batch, dict):
+        for key in TARGET_KEYS:
+            if key in batch:
+                inputs = {k: v for k, v in batch.items() if k != key}
+                return (next(iter(inputs.values())) if len(inputs) == 1 else inputs), batch[key]
+        return batch, None
+    return batch, None
+
+
+TARGET_KEYS = ("y", "target", "targets", "label", "labels")
+
+
+def batch_length(batch: Any) -> int:
+    """Number of samples in a batch: the first dimension of its first tensor."""
+    while not isinstance(batch, torch.Tensor):
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (tuple, list)) and batch:
+            batch = batch[0]
+        else:
+            return 1
+    return len(batch) if batch.dim() else 1

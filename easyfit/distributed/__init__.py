@@ -1,0 +1,1 @@
+"""Dispatching fit onto backends: the connector, launch environments, launchers and strategies."""

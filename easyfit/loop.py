@@ -1,0 +1,268 @@
+"""The epoch / step loop. Backend-blind: every backend-specific act goes through the Strategy."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from easyfit.callbacks.base import CallbackList
+from easyfit.data import batch_length, split_batch
+from easyfit.losses import check_targets
+from easyfit.metrics import MetricSet
+from easyfit.precision import Precision
+
+
+@dataclass
+class StepSettings:
+    gradient_accumulation_steps: int = 1
+    gradient_clip_val: float | None = None
+    scheduler_interval: str = "epoch"
+
+
+class LossTracker:
+    """Sample-weighted mean loss of an epoch, kept as tensors so the step never waits on `.item()`."""
+
+    FOLD_EVERY = 1024
+
+    def __init__(self):
+        self.losses: list[torch.Tensor] = []
+        self.sizes: list[int] = []
+        self.folded_sum: torch.Tensor | float = 0.0
+        self.folded_count = 0
+
+    def add(self, loss: torch.Tensor, size: int) -> None:
+        self.losses.append(loss)
+        self.sizes.append(size)
+        if len(self.losses) >= self.FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.losses:
+            sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.losses[0].device)
+            self.folded_sum = self.folded_sum + (torch.stack(self.losses).double() * sizes).sum()
+            self.folded_count += sum(self.sizes)
+            self.losses, self.sizes = [], []
+
+    def totals(self) -> tuple[torch.Tensor, int]:
+        self._fold()
+        return torch.as_tensor(self.folded_sum, dtype=torch.float64), self.folded_count
+
+    def local_mean(self) -> float:
+        total, count = self.totals()
+        return float(total) / max(count, 1)
+
+    def global_mean(self, strategy) -> float:
+        """The mean over every sample seen by every process."""
+        total, count = self.totals()
+        summed = strategy.reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])
+                                 .to(strategy.root_device), "sum")
+        return float(summed[0]) / max(float(summed[1]), 1.0)
+
+
+class BatchLogs(Mapping):
+    """Per-batch logs for callbacks: {"loss", "batch_loss", "size"}, computed only when read."""
+
+    def __init__(self, tracker: LossTracker, loss: torch.Tensor, size: int):
+        self.tracker, self.loss, self.size = tracker, loss, size
+
+    def _values(self) -> dict:
+        return {"loss": self.tracker.local_mean(), "batch_loss": float(self.loss), "size": self.size}
+
+    def __getitem__(self, key):
+        if key == "batch_loss":
+            return float(self.loss)
+        if key == "size":
+            return self.size
+        if key == "loss":
+            return self.tracker.local_mean()
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(("loss", "batch_loss", "size"))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def call_net(net: Callable, inputs: Any):
+    if isinstance(inputs, tuple):
+        return net(*inputs)
+    if isinstance(inputs, dict):
+        return net(**inputs)
+    return net(inputs)
+
+
+class Loop:
+    """Runs epochs of training, evaluation and prediction for one process."""
+
+    def __init__(self, model, net: torch.nn.Module, strategy, precision: Precision, callbacks: CallbackList,
+                 metrics: MetricSet, optimizer=None, scheduler=None, settings: StepSettings | None = None,
+                 warmup=None):
+        self.model, self.net, self.strategy, self.precision = model, net, strategy, precision
+        self.callbacks, self.metrics, self.optimizer, self.scheduler = callbacks, metrics, optimizer, scheduler
+        self.settings = settings or StepSettings()
+        self.warmup = warmup
+        self.loss_fn = model.loss_fn
+        self.targets_checked = False
+        self.optimizer_steps = 0
+
+    # --- training -------------------------------------------------------------------
+    def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
+            validation_freq: int = 1) -> None:
+        callbacks, model = self.callbacks, self.model
+        self.optimizer.zero_grad(set_to_none=True)
+        callbacks.call("on_train_begin", None)
+        for epoch in range(initial_epoch, epochs):
+            train_batches.set_epoch(epoch)
+            callbacks.call("on_epoch_begin", epoch, None)
+            logs = self.train_epoch(train_batches)
+            if val_batches is not None and (epoch + 1) % validation_freq == 0:
+                logs.update({f"val_{key}": value for key, value in self.evaluate(val_batches).items()})
+            self._step_scheduler_per_epoch(logs)
+            model.completed_epochs = epoch + 1
+            callbacks.call("on_epoch_end", epoch, logs)
+            if model.stop_training:
+                break
+        callbacks.call("on_train_end", None)
+
+    def train_epoch(self, batches) -> dict[str, float]:
+        net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
+        callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
+        accumulate = self.settings.gradient_accumulation_steps
+        batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
+        tracker = LossTracker()
+        num_batches = len(batches) if _has_length(batches) else None
+        net.train()
+        metrics.reset()
+        for step, batch in enumerate(batches):
+            if batch_begin:
+                callbacks.call("on_train_batch_begin", step, None)
+            inputs, target = split_batch(precision.convert_input(batch))
+            boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
+            with (contextlib.nullcontext() if boundary else strategy.no_sync(net)):
+                with precision.autocast():
+                    output = call_net(net, inputs)
+                    if not self.targets_checked:
+                        self._check_first_batch(output, target)
+                    loss = loss_fn(output, target)
+                strategy.backward(loss / accumulate if accumulate > 1 else loss, precision)
+            if boundary:
+                self._optimizer_step()
+            loss = loss.detach()
+            size = batch_length(target if target is not None else inputs)
+            tracker.add(loss, size)
+            if metrics:
+                metrics.update(output, target)
+            if batch_end:
+                callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
+            if model.stop_training:
+                break
+        if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
+            self._optimizer_step()
+        if tracker.folded_count == 0 and not tracker.losses:
+            raise ValueError("the training data yielded no batches; pass at least one sample")
+        logs = {"loss": tracker.global_mean(strategy)}
+        logs.update(metrics.compute())
+        return logs
+
+    def _check_first_batch(self, output, target) -> None:
+        if target is None:
+            raise ValueError("the batches have no target: pass y to fit, or data whose batches are (x, y) pairs "
+                             "or dicts with a 'y' / 'target' / 'label' key")
+        check_targets(self.loss_fn, output, target)
+        self.targets_checked = True
+
+    def _optimizer_step(self) -> None:
+        settings, optimizer = self.settings, self.optimizer
+        if self.warmup is not None:
+            self.warmup.apply(self.optimizer_steps)
+        if settings.gradient_clip_val is not None:
+            self.precision.unscale_gradients(optimizer)
+            self.strategy.clip_gradients(self.net, settings.gradient_clip_val)
+        self.strategy.optimizer_step(optimizer, self.precision)
+        optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        if self.scheduler is not None and settings.scheduler_interval == "step":
+            self.scheduler.step()
+
+    def _step_scheduler_per_epoch(self, logs: dict) -> None:
+        if self.scheduler is None or self.settings.scheduler_interval != "epoch":
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(logs.get("val_loss", logs["loss"]))
+        else:
+            self.scheduler.step()
+
+    # --- evaluation and prediction --------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batches) -> dict[str, float]:
+        """Loss and metrics over every sample exactly once, summed over all processes."""
+        net, precision, callbacks, metrics = self.strategy.unwrap(self.net), self.precision, self.callbacks, self.metrics
+        batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
+        was_training = net.training
+        net.eval()
+        metrics.reset()
+        tracker = LossTracker()
+        callbacks.call("on_test_begin", None)
+        for step, batch in enumerate(batches):
+            if batch_begin:
+                callbacks.call("on_test_batch_begin", step, None)
+            inputs, target = split_batch(precision.convert_input(batch))
+            with precision.autocast():
+                output = call_net(net, inputs)
+                if not self.targets_checked:
+                    self._check_first_batch(output, target)
+                loss = self.loss_fn(output, target)
+            size = batch_length(target)
+            tracker.add(loss.detach(), size)
+            if metrics:
+                metrics.update(output, target)
+            if batch_end:
+                callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
+        logs = {"loss": tracker.global_mean(self.strategy)}
+        logs.update(metrics.compute())
+        callbacks.call("on_test_end", logs)
+        net.train(was_training)
+        return logs
+
+    @torch.no_grad()
+    def predict(self, batches) -> list:
+        """This process's outputs, batch by batch, moved to the CPU."""
+        net, precision, callbacks = self.strategy.unwrap(self.net), self.precision, self.callbacks
+        was_training = net.training
+        net.eval()
+        outputs = []
+        callbacks.call("on_predict_begin", None)
+        for step, batch in enumerate(batches):
+            callbacks.call("on_predict_batch_begin", step, None)
+            inputs, _ = split_batch(precision.convert_input(batch)) if _has_target(batch) else (batch, None)
+            with precision.autocast():
+                output = call_net(net, inputs)
+            outputs.append(_to_cpu(output))
+            callbacks.call("on_predict_batch_end", step, {"outputs": output})
+        callbacks.call("on_predict_end", None)
+        net.train(was_training)
+        return outputs
+
+
+def _has_length(batches) -> bool:
+    has_length = getattr(batches, "has_length", None)
+    return has_length() if has_length is not None else True
+
+
+def _has_target(batch) -> bool:
+    """Predict batches may be bare inputs; a 1- or 2-tuple or a dict is split as in training."""
+    return isinstance(batch, (tuple, list, dict))
+
+
+def _to_cpu(output):
+    if isinstance(output, torch.Tensor):
+        return output.detach().cpu()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_to_cpu(item) for item in output)
+    if isinstance(output, dict):
+        return {key: _to_cpu(value) for key, value in output.items()}
+    return output

@@ -1,0 +1,73 @@
+"""Loss functions by name, with a first-batch check that the targets suit the loss."""
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+import torch
+from torch import nn
+
+LOSSES: dict[str, Callable[[], nn.Module]] = {
+    "cross_entropy": nn.CrossEntropyLoss,
+    "categorical_crossentropy": nn.CrossEntropyLoss,
+    "nll": nn.NLLLoss,
+    "mse": nn.MSELoss,
+    "mean_squared_error": nn.MSELoss,
+    "l1": nn.L1Loss,
+    "mae": nn.L1Loss,
+    "mean_absolute_error": nn.L1Loss,
+    "bce": nn.BCELoss,
+    "binary_crossentropy": nn.BCELoss,
+    "bce_with_logits": nn.BCEWithLogitsLoss,
+    "huber": nn.HuberLoss,
+    "smooth_l1": nn.SmoothL1Loss,
+    "kl_div": lambda: nn.KLDivLoss(reduction="batchmean"),
+    "poisson_nll": nn.PoissonNLLLoss,
+    "hinge_embedding": nn.HingeEmbeddingLoss,
+}
+CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
+BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
+REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.HuberLoss, nn.SmoothL1Loss)
+
+
+def closest_name(name: str, choices) -> str:
+    """' Did you mean ...?' for the closest valid name, or ''."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+def resolve_loss(loss) -> Callable:
+    """A loss name, an nn.Module or a callable `(output, target) -> scalar tensor`."""
+    if isinstance(loss, str):
+        key = loss.lower()
+        if key not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}.{closest_name(key, LOSSES)} "
+                             f"Valid names: {', '.join(sorted(LOSSES))}; or pass an nn.Module or a callable.")
+        return LOSSES[key]()
+    if callable(loss):
+        return loss
+    raise TypeError(f"loss must be a name, an nn.Module or a callable (output, target) -> tensor; got {type(loss).__name__}")
+
+
+def check_targets(loss_fn: Callable, output, target) -> None:
+    """Explain in words when the target's dtype or shape cannot work with the loss (first batch only)."""
+    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor):
+        return
+    name = type(loss_fn).__name__
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and target.is_floating_point() and target.shape != output.shape:
+        raise TypeError(
+            f"{name} expects class indices as targets: an integer tensor of shape {tuple(output.shape[:1])} "
+            f"with values in [0, {output.shape[-1] - 1}]; got {target.dtype} targets of shape {tuple(target.shape)}. "
+            "Convert them with y.long() (or y.astype('int64') in numpy), or use a regression loss such as 'mse'.")
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and output.dim() < 2:
+        raise ValueError(f"{name} needs one output per class (shape [batch, classes]); the net returned shape "
+                         f"{tuple(output.shape)}. For a single-logit binary output use 'bce_with_logits'.")
+    if isinstance(loss_fn, BINARY_LOSSES) and not target.is_floating_point():
+        raise TypeError(f"{name} expects float targets (0.0 / 1.0) with the output's shape {tuple(output.shape)}; "
+                        f"got {target.dtype}. Convert them with y.float().")
+    if isinstance(loss_fn, BINARY_LOSSES + REGRESSION_LOSSES) and target.shape != output.shape:
+        raise ValueError(
+            f"{name} compares output and target element by element, but the output has shape "
+            f"{tuple(output.shape)} and the target {tuple(target.shape)}; broadcasting them would give a wrong "
+            f"loss. Reshape the target (e.g. y.view({', '.join(['-1'] + [str(s) for s in output.shape[1:]])})) "
+            "or the net's output so they match.")

@@ -1,0 +1,75 @@
+"""Scale the learning rate by the effective batch size (linear or square-root rule), with optional warmup."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+RULES = ("linear", "sqrt")
+
+
+def lr_multiplier(rule: str | None, batch_factor: int) -> float:
+    """How much larger the LR becomes when each step sees `batch_factor` times the per-process batch."""
+    if rule is None or rule is False or str(rule).lower() in ("none", "off"):
+        return 1.0
+    if rule == "linear":
+        return float(batch_factor)
+    if rule == "sqrt":
+        return math.sqrt(batch_factor)
+    raise ValueError(f"lr_scaling must be 'linear', 'sqrt' or None; got {rule!r}")
+
+
+def rescale_learning_rates(optimizer: torch.optim.Optimizer, scheduler, ratio: float) -> None:
+    """Multiply every param group's LR (and the scheduler's base LRs, which it computes from) by `ratio`."""
+    if ratio == 1.0:
+        return
+    for group in optimizer.param_groups:
+        group["lr"] *= ratio
+        if "initial_lr" in group:
+            group["initial_lr"] *= ratio
+    if scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
+
+
+@contextlib.contextmanager
+def scaled_learning_rates(optimizer: torch.optim.Optimizer, scheduler, multiplier: float):
+    """Scale the LRs for the duration of a fit and restore the user's scale after,
+    so that calling fit again does not scale twice."""
+    rescale_learning_rates(optimizer, scheduler, multiplier)
+    try:
+        yield
+    finally:
+        rescale_learning_rates(optimizer, scheduler, 1.0 / multiplier)
+
+
+class Warmup:
+    """Ramp each group's LR linearly from lr / multiplier to lr over the first `steps` optimizer steps
+    (Goyal et al., 2017)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, steps: int):
+        self.optimizer, self.steps = optimizer, steps
+        self.targets = [group["lr"] for group in optimizer.param_groups]
+        self.starts = [lr / multiplier for lr in self.targets]
+
+    def apply(self, step: int) -> None:
+        """Set the LRs for optimizer step `step` (0-based); after the warmup this does nothing."""
+        if step > self.steps:
+            return
+        progress = step / self.steps
+        for group, start, target in zip(self.optimizer.param_groups, self.starts, self.targets):
+            group["lr"] = start + (target - start) * progress
+
+
+def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float) -> str:
+    """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)'."""
+    factor = strategy.batch_factor
+    text = f"effective batch {batch_size * factor} = {batch_size} × {factor} {strategy.describe_batch_factor()}"
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    if multiplier == 1.0:
+        return f"{text}; lr {_fmt(lrs)} (not scaled)"
+    return f"{text}; lr {_fmt([lr / multiplier for lr in lrs])} → {_fmt(lrs)} ({rule})"
+
+
+def _fmt(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:.4g}" for lr in sorted(set(lrs)))

@@ -1,0 +1,116 @@
+"""Metrics by name, mapped to torchmetrics objects built on the first batch (task and classes inferred).
+
+torchmetrics synchronises metric states across processes itself when `compute()` runs under
+torch.distributed, so the values are exact on any number of processes.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import torch
+
+from easyfit.losses import closest_name
+
+
+def _classification(metric_name: str, **extra) -> Callable:
+    def build(task: str, num_classes: int):
+        import torchmetrics
+        cls = getattr(torchmetrics, metric_name)
+        if task == "binary":
+            return cls(task="binary", **{k: v for k, v in extra.items() if k != "top_k"})
+        return cls(task="multiclass", num_classes=num_classes, **extra)
+    return build
+
+
+def _regression(metric_name: str, **extra) -> Callable:
+    def build(task: str, num_classes: int):
+        import torchmetrics
+        return getattr(torchmetrics, metric_name)(**extra)
+    return build
+
+
+METRICS: dict[str, Callable] = {
+    "accuracy": _classification("Accuracy"),
+    "top5_accuracy": _classification("Accuracy", top_k=5),
+    "top3_accuracy": _classification("Accuracy", top_k=3),
+    "f1": _classification("F1Score", average="macro"),
+    "precision": _classification("Precision", average="macro"),
+    "recall": _classification("Recall", average="macro"),
+    "auroc": _classification("AUROC", average="macro"),
+    "mae": _regression("MeanAbsoluteError"),
+    "mse": _regression("MeanSquaredError"),
+    "rmse": _regression("MeanSquaredError", squared=False),
+    "r2": _regression("R2Score"),
+}
+ALIASES = {"acc": "accuracy", "top_5_accuracy": "top5_accuracy", "f1_score": "f1", "auc": "auroc",
+           "mean_absolute_error": "mae", "mean_squared_error": "mse"}
+
+
+def metric_key(name: str) -> str:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in METRICS:
+        raise ValueError(f"unknown metric {name!r}.{closest_name(key, list(METRICS) + list(ALIASES))} "
+                         f"Valid names: {', '.join(sorted(METRICS))}; or pass a torchmetrics.Metric object.")
+    return key
+
+
+def snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def infer_task(output: torch.Tensor, target: torch.Tensor) -> tuple[str, int]:
+    """("binary", 2) for one output per sample, else ("multiclass", number of output columns)."""
+    if output.dim() >= 2 and output.shape[-1] > 1:
+        return "multiclass", output.shape[-1]
+    return "binary", 2
+
+
+class MetricSet:
+    """The metrics of a Model: names and torchmetrics objects, updated per batch, computed per epoch."""
+
+    def __init__(self, metrics: Any):
+        if metrics is None:
+            metrics = []
+        if isinstance(metrics, (str, torch.nn.Module)):
+            metrics = [metrics]
+        items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
+        self.pending: dict[str, str] = {}   # log name -> METRICS key, built on the first batch
+        self.metrics: dict[str, Any] = {}   # log name -> torchmetrics.Metric
+        for name, metric in items:
+            if isinstance(metric, str):
+                self.pending[name or metric] = metric_key(metric)
+            elif hasattr(metric, "update") and hasattr(metric, "compute") and hasattr(metric, "reset"):
+                self.metrics[name or snake_case(type(metric).__name__)] = metric
+            else:
+                raise TypeError(f"a metric must be a name or a torchmetrics.Metric; got {type(metric).__name__}")
+        self.names = list(self.pending) + list(self.metrics)
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        """Create the named metrics for this task, on the output's device (first batch only)."""
+        task, num_classes = infer_task(output, target)
+        for name, key in self.pending.items():
+            self.metrics[name] = METRICS[key](task, num_classes)
+        self.pending = {}
+        for metric in self.metrics.values():
+            metric.to(output.device)
+
+    def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        if self.pending:
+            self.build(output, target)
+        output = output.detach()
+        if output.dim() == target.dim() + 1 and output.shape[-1] == 1:
+            output = output.squeeze(-1)
+        for metric in self.metrics.values():
+            metric.update(output, target)
+
+    def compute(self) -> dict[str, float]:
+        """Epoch values, synced over all processes by torchmetrics."""
+        return {name: float(metric.compute()) for name, metric in self.metrics.items() if metric.update_called}
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()

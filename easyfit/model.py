@@ -1,0 +1,348 @@
+"""Model: a plain nn.Module with its loss, optimizer and metrics, trained with one call to fit."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from easyfit.callbacks.base import Callback, CallbackList
+from easyfit.callbacks.history import History
+from easyfit.callbacks.progress import progress_callbacks
+from easyfit.checkpoint import load_checkpoint_file
+from easyfit.data import check_batch_size, interleave, make_batches, split_validation
+from easyfit.distributed.connector import connect
+from easyfit.distributed.strategies.base import Strategy
+from easyfit.loop import Loop, StepSettings
+from easyfit.losses import resolve_loss
+from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
+from easyfit.metrics import MetricSet
+from easyfit.optimizers import build_optimizer
+from easyfit.precision import Precision
+
+
+@dataclass
+class RunOptions:
+    """Where and how a fit / evaluate / predict call runs (accepted by all three)."""
+    devices: Any = "auto"
+    accelerator: str = "auto"
+    strategy: Any = "auto"
+    num_nodes: int = 1
+    process_group_backend: str | None = None
+    precision: Any = "32"
+    num_workers: int = 0
+    replace_sampler: bool = True
+
+
+@dataclass
+class FitOptions:
+    epochs: int = 1
+    batch_size: int = 32
+    validation_data: Any = None
+    validation_split: float = 0.0
+    validation_batch_size: int | None = None
+    validation_freq: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    verbose: int = 1
+    callbacks: list = field(default_factory=list)
+    initial_epoch: int = 0
+    resume_from: str | None = None
+    gradient_accumulation_steps: int = 1
+    gradient_clip_val: float | None = None
+    lr_scaling: str | None = "linear"
+    lr_warmup_epochs: int = 0
+
+
+def _split_options(kwargs: dict, *option_types) -> list:
+    """Build each options dataclass from the keyword arguments it knows; reject the rest by name."""
+    known = {f.name for option_type in option_types for f in fields(option_type)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
+    return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
+            for option_type in option_types]
+
+
+class Model:
+    """Keras-style training for any torch.nn.Module.
+
+    Args:
+        net: the module to train; after `fit` it holds the trained weights.
+        loss: a name ("cross_entropy", "mse", ...), an nn.Module, or a callable (output, target) -> scalar.
+        optimizer: a name ("adam", "sgd", ...), an optimizer over `net`'s parameters, or a factory params -> Optimizer.
+        metrics: names ("accuracy", "f1", "mae", ...) or torchmetrics objects; a dict names them.
+        lr: learning rate for an optimizer given by name (each name has a sensible default).
+        scheduler: an LR scheduler over the optimizer, or a factory optimizer -> scheduler.
+        scheduler_interval: step the scheduler every "epoch" (default) or every optimizer "step".
+    """
+
+    def __init__(self, net: nn.Module, loss: Any = "cross_entropy", optimizer: Any = "adam", metrics: Any = None,
+                 *, lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch"):
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        if scheduler_interval not in ("epoch", "step"):
+            raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
+        self.net = net
+        self.spec = {"loss": loss if isinstance(loss, str) else None,
+                     "optimizer": optimizer if isinstance(optimizer, str) else None, "lr": lr,
+                     "metrics": [m for m in ([metrics] if isinstance(metrics, str) else metrics or []) if isinstance(m, str)]}
+        self.loss_fn = resolve_loss(loss)
+        self.optimizer = build_optimizer(optimizer, net, lr)
+        self.scheduler = _build_scheduler(scheduler, self.optimizer)
+        self.scheduler_interval = scheduler_interval
+        self.metrics = MetricSet(metrics)
+        self.history = History()
+        self.strategy: Strategy = Strategy()
+        self.stop_training = False
+        self.completed_epochs = 0
+        self._precision = Precision("32")
+        self._lr_multiplier = 1.0
+        self._callbacks = CallbackList([self.history], self, {})
+
+    # --- identity (meaningful inside fit, in every process) -----------------------------
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    # --- public API ---------------------------------------------------------------------
+    def fit(self, x=None, y=None, **kwargs) -> History:
+        """Train on (x, y) arrays/tensors, a Dataset, a DataLoader or an iterable of batches.
+
+        `epochs` is the index of the last epoch, as in Keras: resuming a checkpoint saved after epoch 4 with
+        epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
+        run, options = _split_options(kwargs, RunOptions, FitOptions)
+        check_batch_size(options.batch_size)
+        _check_positive_int(options.epochs, "epochs")
+        _check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
+        lr_multiplier(options.lr_scaling, 1)
+        return self._dispatch("_fit_in_process", run, x, y, options)
+
+    def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None, **kwargs) -> dict:
+        """Loss and metrics over the whole data, exact on any number of processes: {"loss": ..., "accuracy": ...}."""
+        (run,) = _split_options(kwargs, RunOptions)
+        check_batch_size(batch_size)
+        return self._dispatch("_evaluate_in_process", run, x, y, batch_size, verbose, callbacks or [])
+
+    def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
+        """The net's outputs for every sample, in input order (a tensor on the CPU)."""
+        (run,) = _split_options(kwargs, RunOptions)
+        check_batch_size(batch_size)
+        return self._dispatch("_predict_in_process", run, x, None, batch_size, verbose, callbacks or [])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write weights, optimizer, scheduler, scaler, epoch and history to `path`, atomically."""
+        self.strategy.save_checkpoint(os.fspath(path), self.checkpoint_state())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, net: nn.Module, loss: Any = None, optimizer: Any = None,
+             metrics: Any = None, **kwargs) -> "Model":
+        """A Model around `net` with the weights, optimizer state and history saved at `path`.
+
+        Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
+        state = load_checkpoint_file(path)
+        spec = state.get("spec", {})
+        model = cls(net, loss if loss is not None else spec.get("loss") or "cross_entropy",
+                    optimizer if optimizer is not None else spec.get("optimizer") or "adam",
+                    metrics if metrics is not None else spec.get("metrics"), lr=kwargs.pop("lr", spec.get("lr")),
+                    **kwargs)
+        model.restore(state)
+        return model
+
+    def summary(self, print_fn=print) -> str:
+        """A Keras-like table of layers, output shapes where known, and parameter counts."""
+        from easyfit.summary import summarize
+        text = summarize(self.net)
+        if print_fn is not None:
+            print_fn(text)
+        return text
+
+    # --- checkpoint state ---------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        """Everything needed to resume training exactly."""
+        return {
+            "spec": self.spec,
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self._precision.state_dict(),
+            "epoch": self.completed_epochs,
+            "lr_multiplier": self._lr_multiplier,
+            "history": self.history.state_dict(),
+            "callbacks": self._callbacks.state_dict(),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        }
+
+    def restore(self, state: dict, training: bool = False) -> None:
+        """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        # the checkpoint's LRs carry the scaling of the run that saved it; bring them to this run's
+        rescale_learning_rates(self.optimizer, self.scheduler, self._lr_multiplier / state.get("lr_multiplier", 1.0))
+        self.completed_epochs = state["epoch"]
+        self.history.load_state_dict(state["history"])
+        if training:
+            self._precision.load_state_dict(state["scaler"])
+            self._callbacks.load_state_dict(state["callbacks"])
+            torch.set_rng_state(state["rng"].cpu())
+            if state.get("cuda_rng") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    # --- running in one or many processes -----------------------------------------------
+    def _dispatch(self, method: str, run: RunOptions, *args):
+        """Run `method` in this process or, via the strategy's launcher, in every rank."""
+        strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
+                           num_nodes=run.num_nodes, process_group_backend=run.process_group_backend)
+        launcher = strategy.launcher
+        if launcher is None:
+            return self._in_process(strategy, method, run, *args)[0]
+        result, state = launcher.launch(self._in_process, strategy, method, run, *args)
+        if state is not None:   # the ranks trained copies: bring rank 0's weights back into the caller's net
+            self.restore(state)
+        return result
+
+    def _in_process(self, strategy: Strategy, method: str, run: RunOptions, *args):
+        """(result, state to hand back to the caller or None), for this rank."""
+        strategy.setup_environment()
+        self.strategy = strategy
+        self._precision = Precision(run.precision, strategy.root_device)
+        try:
+            result = getattr(self, method)(run, *args)
+            launcher = strategy.launcher
+            hand_back = (method == "_fit_in_process" and launcher is not None
+                         and not launcher.rank_zero_in_caller and strategy.is_global_zero)
+            return result, (self.checkpoint_state() if hand_back else None)
+        finally:
+            strategy.teardown()
+            self.strategy = Strategy()
+
+    def _fit_in_process(self, run: RunOptions, x, y, options: FitOptions) -> History:
+        strategy, precision = self.strategy, self._precision
+        validation_data = options.validation_data
+        if options.validation_split:
+            if validation_data is not None:
+                raise ValueError("pass either validation_data or validation_split, not both")
+            (x, y), validation_data = split_validation(x, y, options.validation_split)
+        train = make_batches(x, y, batch_size=options.batch_size, strategy=strategy, train=True,
+                             shuffle=options.shuffle, seed=options.seed, num_workers=run.num_workers,
+                             replace_sampler=run.replace_sampler)
+        val = None
+        if validation_data is not None:
+            val = make_batches(*_as_pair(validation_data), batch_size=options.validation_batch_size or options.batch_size,
+                               strategy=strategy, train=False, num_workers=run.num_workers,
+                               replace_sampler=run.replace_sampler)
+        net, optimizer = strategy.setup(precision.convert_module(self.net), self.optimizer)
+        multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
+        with scaled_learning_rates(optimizer, self.scheduler, multiplier):
+            self._lr_multiplier = multiplier
+            self.history = History()
+            params = self._fit_params(options, strategy, optimizer, multiplier, _length_or_none(train))
+            display = progress_callbacks(options.verbose, strategy.is_global_zero)
+            callbacks = CallbackList([self.history, *display, *options.callbacks], self, params)
+            self._callbacks = callbacks
+            initial_epoch = options.initial_epoch
+            if options.resume_from is not None:
+                self.restore(strategy.load_checkpoint(options.resume_from), training=True)
+                initial_epoch = self.completed_epochs
+            warmup = self._warmup(options, train, optimizer, multiplier)
+            if options.verbose and strategy.is_global_zero:
+                print(params["summary"])
+            self.stop_training = False
+            try:
+                Loop(self, net, strategy, precision, callbacks, self.metrics, optimizer, self.scheduler,
+                     StepSettings(options.gradient_accumulation_steps, options.gradient_clip_val,
+                                  self.scheduler_interval),
+                     warmup).fit(train, val, options.epochs, initial_epoch, options.validation_freq)
+            finally:
+                self._lr_multiplier = 1.0
+        return self.history
+
+    @staticmethod
+    def _warmup(options: FitOptions, train, optimizer, multiplier: float) -> Warmup | None:
+        if not options.lr_warmup_epochs:
+            return None
+        try:
+            steps_per_epoch = max(len(train) // options.gradient_accumulation_steps, 1)
+        except TypeError:
+            raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
+                             "this data has no length") from None
+        return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch)
+
+    def _fit_params(self, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
+                    steps_per_epoch: int | None) -> dict:
+        return {
+            "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
+            "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
+            "effective_batch_size": options.batch_size * strategy.batch_factor,
+            "steps_per_epoch": steps_per_epoch,
+            "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
+            "strategy": strategy.name, "precision": self._precision.name,
+            "summary": describe(options.batch_size, strategy, options.lr_scaling, optimizer, multiplier),
+        }
+
+    def _eval_loop(self, verbose: int, callbacks: list[Callback]) -> Loop:
+        strategy = self.strategy
+        self._precision.convert_module(self.net).to(strategy.root_device)
+        display = progress_callbacks(verbose, strategy.is_global_zero)
+        callback_list = CallbackList([*display, *callbacks], self, {"verbose": verbose})
+        return Loop(self, self.net, strategy, self._precision, callback_list, self.metrics)
+
+    def _evaluate_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
+        batches = make_batches(x, y, batch_size=batch_size, strategy=self.strategy, train=False,
+                               num_workers=run.num_workers, replace_sampler=run.replace_sampler)
+        return self._eval_loop(verbose, callbacks).evaluate(batches)
+
+    def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
+        strategy = self.strategy
+        batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
+                               num_workers=run.num_workers, replace_sampler=run.replace_sampler)
+        outputs = self._eval_loop(verbose, callbacks).predict(batches)
+        if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
+            return outputs
+        local = torch.cat(outputs)
+        if strategy.world_size == 1 or not getattr(batches, "sharded", False):
+            return local
+        return interleave(strategy.all_gather(local))
+
+
+def _build_scheduler(scheduler, optimizer):
+    if scheduler is None:
+        return None
+    if callable(scheduler) and not hasattr(scheduler, "step"):
+        scheduler = scheduler(optimizer)
+    if getattr(scheduler, "optimizer", None) is not optimizer:
+        raise ValueError("the scheduler must be built over the model's optimizer; pass a factory instead, "
+                         "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
+    return scheduler
+
+
+def _length_or_none(batches) -> int | None:
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+def _as_pair(validation_data) -> tuple:
+    """validation_data as (x, y): a 2-tuple of arrays, or a dataset / loader with y=None."""
+    if isinstance(validation_data, tuple) and len(validation_data) == 2:
+        return validation_data
+    return validation_data, None
+
+
+def _check_positive_int(value, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

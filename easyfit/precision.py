@@ -1,0 +1,76 @@
+"""Numeric precision: autocast and gradient scaling ("16-mixed", "bf16-mixed"), or full float32 / float64."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from easyfit.losses import closest_name
+
+PRECISIONS = ("32", "16-mixed", "bf16-mixed", "64")
+ALIASES = {"32-true": "32", "16": "16-mixed", "bf16": "bf16-mixed", "64-true": "64", "double": "64"}
+
+
+def parse_precision(precision: Any) -> str:
+    key = str(precision).lower()
+    key = ALIASES.get(key, key)
+    if key not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}.{closest_name(key, PRECISIONS)} "
+                         f"Valid values: {', '.join(PRECISIONS)}.")
+    return key
+
+
+class Precision:
+    """What a precision setting changes in the step: input dtype, autocast, and loss scaling."""
+
+    def __init__(self, precision: Any = "32", device: torch.device = torch.device("cpu")):
+        self.name = parse_precision(precision)
+        self.device = device
+        self.autocast_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self.name)
+        if self.autocast_dtype is not None and not torch.amp.is_autocast_available(device.type):
+            raise ValueError(f"precision={self.name!r} needs autocast, which torch does not support on "
+                             f"{device.type!r}; use precision='32'")
+        self.scaler = torch.amp.GradScaler(device.type) if self.name == "16-mixed" else None
+
+    def convert_module(self, net: torch.nn.Module) -> torch.nn.Module:
+        return net.double() if self.name == "64" else net
+
+    def convert_input(self, batch: Any) -> Any:
+        """Float tensors become float64 under precision "64"; otherwise the batch is returned as is."""
+        if self.name != "64":
+            return batch
+        if isinstance(batch, torch.Tensor):
+            return batch.double() if batch.is_floating_point() else batch
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.convert_input(item) for item in batch)
+        if isinstance(batch, dict):
+            return {key: self.convert_input(value) for key, value in batch.items()}
+        return batch
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients to their true scale (before clipping)."""
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)

@@ -1,0 +1,23 @@
+"""Packaging for easyfit."""
+from setuptools import find_packages, setup
+
+EXTRAS = {
+    "deepspeed": ["deepspeed>=0.14"],
+    "fairscale": ["fairscale>=0.4.13"],
+    "horovod": ["horovod>=0.28"],
+    "bagua": ["bagua>=0.9"],
+    "plot": ["matplotlib>=3.5"],
+    "dev": ["pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5"],
+}
+
+setup(
+    name="easyfit",
+    version="0.1.0",
+    description="Keras-style fit / evaluate / predict for any torch.nn.Module, from one CPU to many GPUs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["easyfit", "easyfit.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.1", "torchmetrics>=1.0", "tqdm>=4.60", "numpy"],
+    extras_require=EXTRAS,
+)
