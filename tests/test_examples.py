@@ -1,0 +1,41 @@
+"""The examples run as a user runs them: as scripts, in a fresh interpreter."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(name: str, *args: str, timeout: float = 120) -> str:
+    """Run examples/<name> with this interpreter; fail with its output if it exits non-zero."""
+    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=EXAMPLES.parent)
+    assert result.returncode == 0, f"{name} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def printed_accuracy(output: str) -> float:
+    match = re.search(r"test accuracy:? ([0-9.]+)", output)
+    assert match, f"no test accuracy in the output:\n{output}"
+    return float(match.group(1))
+
+
+@pytest.mark.timeout(180)
+def test_quickstart_reaches_target_accuracy():
+    output = run_example("quickstart.py")
+    assert printed_accuracy(output) >= 0.95
+    assert "Epoch 25/25" in output
+
+
+@pytest.mark.timeout(180)
+def test_custom_callback_stops_early_and_samples_losses():
+    output = run_example("custom_callback.py")
+    trained = int(re.search(r"trained (\d+) of 50 epochs", output).group(1))
+    assert 1 <= trained < 50
+    assert re.search(r"epoch 1 step 0: batch loss [0-9.]+", output)
+    assert printed_accuracy(output) > 0.8
