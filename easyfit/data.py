@@ -172,8 +172,12 @@ def _tensors_from(x: Any, y: Any) -> tuple[torch.Tensor, ...] | None:
 
 
 def _is_array_like(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) or hasattr(x, "__array__") or isinstance(x, (list, tuple)) and (
-        len(x) > 0 and isinstance(x[0], (int, float, list)))
+    """A tensor, a numpy array, or nested lists of numbers (not a list of batches of tensors)."""
+    if isinstance(x, torch.Tensor) or hasattr(x, "__array__"):
+        return True
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return isinstance(x, (int, float))
 
 
 def _is_iterable(x: Any) -> bool:
@@ -197,11 +201,13 @@ def split_validation(x: Any, y: Any, validation_split: float):
         raise ValueError(f"validation_split must be a fraction in [0, 1), got {validation_split!r}")
     tensors = _tensors_from(x, y)
     length = len(tensors[0]) if tensors is not None else _dataset_length(x, "validation_split")
-    n_val = int(math.floor(length * validation_split))
-    if validation_split > 0 and n_val == 0:
+    n_train = int(math.floor(length * (1.0 - validation_split)))
+    if validation_split > 0 and n_train == length:
         raise ValueError(f"validation_split={validation_split} of {length} samples holds out no sample; "
                          "use a larger fraction or pass validation_data")
-    n_train = length - n_val
+    if n_train == 0:
+        raise ValueError(f"validation_split={validation_split} of {length} samples leaves no training sample; "
+                         "use a smaller fraction")
     if tensors is None:
         return (Subset(x, range(n_train)), None), (Subset(x, range(n_train, length)), None)
     train = TensorDataset(*(t[:n_train] for t in tensors))

@@ -1,0 +1,34 @@
+"""Shared tiny fixtures: seeded data and small nets that train in milliseconds on a CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+
+def tiny_net(in_features: int = 4, out_features: int = 3, seed: int = 0, dropout: float = 0.0) -> nn.Module:
+    """A 2-layer MLP; the same seed gives the same initial weights."""
+    torch.manual_seed(seed)
+    layers = [nn.Linear(in_features, 8), nn.ReLU()] + ([nn.Dropout(dropout)] if dropout else [])
+    return nn.Sequential(*layers, nn.Linear(8, out_features))
+
+
+@pytest.fixture
+def make_net():
+    """make_net(in_features=4, out_features=3, seed=0, dropout=0.0) -> a fresh tiny MLP."""
+    return tiny_net
+
+
+@pytest.fixture
+def classification() -> tuple[torch.Tensor, torch.Tensor]:
+    """101 samples (an uneven last batch for most batch sizes), 4 features, 3 learnable classes."""
+    x = torch.randn(101, 4, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+@pytest.fixture
+def regression() -> tuple[torch.Tensor, torch.Tensor]:
+    """64 samples, 4 features, one float target column."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=generator)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.1 * torch.randn(64, 1, generator=generator)
