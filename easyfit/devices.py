@@ -1,0 +1,170 @@
+"""Which accelerator and which devices this node trains on: `accelerator=` and `devices=` in words.
+
+| devices          | on CUDA / MPS                          | on CPU                                 |
+|------------------|----------------------------------------|----------------------------------------|
+| 3 or "3"         | the first 3 devices                    | 3 processes                            |
+| -1 or "-1"       | every device                           | one process per core                   |
+| [1, 3] or "1, 3" | devices 1 and 3                        | an error: on CPU devices=N is a count  |
+| "auto"           | every device; 1 in a notebook or REPL  | 1 process                              |
+| 0, "0", [], None | CPU, one process                       | one process                            |
+
+A number is always a count ("3" included); only a list, or a string with a comma, names device ids.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+import re
+import sys
+
+import torch
+
+from easyfit.losses import closest_name
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+RESOLVED = ("cpu", "cuda", "mps")
+LABELS = {"cuda": "CUDA", "mps": "MPS"}
+FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', '-1') or 'auto'"
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' -> the accelerator this process uses: 'cuda', 'mps' or 'cpu'."""
+    key = str(accelerator).lower()
+    if key not in ACCELERATORS:
+        raise ValueError(f"unknown accelerator {accelerator!r}.{closest_name(key, ACCELERATORS)} "
+                         f"Valid values: {', '.join(ACCELERATORS)}.")
+    if key == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if key in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"accelerator={accelerator!r} was asked for, but {_cuda_report()}. "
+                           "Use accelerator='cpu', or 'auto' to take a GPU only when there is one.")
+    if key == "mps" and not torch.backends.mps.is_available():
+        raise RuntimeError(f"accelerator='mps' was asked for, but torch {torch.__version__} finds no usable MPS "
+                           "device (it needs Apple silicon and macOS 12.3+). Use accelerator='cpu' or 'auto'.")
+    return "cuda" if key == "gpu" else key
+
+
+def _cuda_report() -> str:
+    """What torch sees of CUDA, in words."""
+    if torch.version.cuda is None:
+        return f"this torch build ({torch.__version__}) has no CUDA support"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    return f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) finds no usable GPU{hidden}"
+
+
+def device_count(accelerator: str) -> int:
+    """How many devices of a resolved accelerator this machine has (on CPU: cores)."""
+    if accelerator == "cuda":
+        return torch.cuda.device_count()
+    if accelerator == "mps":
+        return 1
+    if accelerator == "cpu":
+        return os.cpu_count() or 1
+    raise ValueError(f"device_count needs a resolved accelerator ({', '.join(RESOLVED)}); got {accelerator!r}")
+
+
+def is_interactive() -> bool:
+    """True in a notebook, IPython or a REPL: there is no script file that could be re-run in new processes."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    main = sys.modules.get("__main__")
+    return main is not None and not hasattr(main, "__file__")
+
+
+def parse_devices(devices, accelerator: str, interactive: bool | None = None) -> tuple[str, list[torch.device]]:
+    """`devices=` (see the module's table) -> (accelerator, the devices of this node, one per process).
+
+    `accelerator` must already be resolved ('cpu', 'cuda' or 'mps'). It comes back as 'cpu' when devices asks for
+    no accelerator device (0, "0", [], None). `interactive` defaults to `is_interactive()`.
+    """
+    if accelerator not in RESOLVED:
+        raise ValueError(f"parse_devices needs a resolved accelerator ({', '.join(RESOLVED)}); got {accelerator!r}. "
+                         "Pass it through resolve_accelerator first.")
+    wanted = _read(devices)
+    if wanted == 0:
+        return "cpu", [torch.device("cpu")]
+    if wanted == "auto":
+        if interactive is None:
+            interactive = is_interactive()
+        wanted = 1 if accelerator == "cpu" or interactive else -1
+    if accelerator == "cpu":
+        return "cpu", _cpu_processes(devices, wanted)
+    return accelerator, [torch.device(accelerator, index) for index in _device_ids(devices, wanted, accelerator)]
+
+
+def _read(devices) -> int | list[int] | str:
+    """The user's value as a count (-1: all; 0: CPU), a list of ids, or 'auto'. Raises on anything else."""
+    if devices is None:
+        return 0
+    if isinstance(devices, bool):
+        raise ValueError(f"devices={devices!r}: a bool is not a device choice; pass {FORMS}.")
+    if isinstance(devices, numbers.Integral):
+        return _count(int(devices), devices)
+    if isinstance(devices, str):
+        return _read_text(devices)
+    if isinstance(devices, (list, tuple)):
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in devices):
+            raise ValueError(f"devices={devices!r}: a list must hold integer device ids, e.g. [0, 1].")
+        return [int(d) for d in devices] or 0
+    raise ValueError(f"devices={devices!r} ({type(devices).__name__}) is not understood; pass {FORMS}.")
+
+
+def _read_text(devices: str) -> int | list[int] | str:
+    """'auto', '3', '-1', '1, 3' -> what they mean."""
+    text = devices.strip()
+    if text.lower() == "auto":
+        return "auto"
+    pieces = [piece.strip() for piece in text.split(",")]
+    if not all(re.fullmatch(r"-?[0-9]+", piece) for piece in pieces):
+        raise ValueError(f"devices={devices!r} is not understood.{closest_name(text.lower(), ['auto'])} "
+                         f"Pass {FORMS}.")
+    if len(pieces) == 1:
+        return _count(int(text), devices)
+    return [int(piece) for piece in pieces]
+
+
+def _count(count: int, devices) -> int:
+    if count < -1:
+        raise ValueError(f"devices={devices!r}: a count must be >= 1, or -1 for all devices, or 0 for CPU.")
+    return count
+
+
+def _cpu_processes(devices, wanted: int | list[int]) -> list[torch.device]:
+    """On CPU devices=N means N processes (not capped by the number of cores); -1 means one per core."""
+    if isinstance(wanted, list):
+        raise ValueError(f"devices={devices!r} lists device ids, but on CPU devices=N is a number of processes: "
+                         f"pass devices={len(wanted)} for {len(wanted)} processes, or accelerator='gpu' to use "
+                         "those GPUs.")
+    count = device_count("cpu") if wanted == -1 else wanted
+    return [torch.device("cpu")] * count
+
+
+def _device_ids(devices, wanted: int | list[int], accelerator: str) -> list[int]:
+    """The ids of an accelerator's devices that `wanted` names, checked against what this machine has."""
+    available = device_count(accelerator)
+    label = LABELS[accelerator]
+    plural = "device" if available == 1 else "devices"
+    ids = ", ".join(str(index) for index in range(available))
+    has = f"this machine has {available} {label} {plural}" + (f" ({ids})" if available else "")
+    if wanted == -1:
+        wanted = available
+    if isinstance(wanted, int):
+        if wanted > available or wanted == 0:
+            fix = f"; pass devices={available} or -1 for all of them" if available else "; use accelerator='cpu'"
+            raise ValueError(f"devices={devices!r}: {has}{fix}.")
+        return list(range(wanted))
+    negative = [index for index in wanted if index < 0]
+    if negative:
+        raise ValueError(f"devices={devices!r}: device ids cannot be negative ({negative[0]}); -1 alone means all "
+                         f"devices, and {has}.")
+    repeated = sorted({index for index in wanted if wanted.count(index) > 1})
+    if repeated:
+        raise ValueError(f"devices={devices!r}: device {repeated[0]} is listed more than once; list each device "
+                         f"once ({has}).")
+    missing = [index for index in wanted if index >= available]
+    if missing:
+        raise ValueError(f"devices={devices!r}: {has}, so there is no device {missing[0]}.")
+    return wanted
