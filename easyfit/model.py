@@ -31,7 +31,7 @@ class RunOptions:
     strategy: Any = "auto"
     num_nodes: int = 1
     process_group_backend: str | None = None
-    precision: Any = "32"
+    precision: Any = None   # None: as in the previous call ("32" at first)
     num_workers: int = 0
     replace_sampler: bool = True
 
@@ -126,19 +126,21 @@ class Model:
         _check_positive_int(options.epochs, "epochs")
         _check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
         lr_multiplier(options.lr_scaling, 1)
-        return self._dispatch("_fit_in_process", run, x, y, options)
+        return self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
 
     def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None, **kwargs) -> dict:
         """Loss and metrics over the whole data, exact on any number of processes: {"loss": ..., "accuracy": ...}."""
         (run,) = _split_options(kwargs, RunOptions)
         check_batch_size(batch_size)
-        return self._dispatch("_evaluate_in_process", run, x, y, batch_size, verbose, callbacks or [])
+        return self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
+                              callbacks=callbacks or [])
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
         """The net's outputs for every sample, in input order (a tensor on the CPU)."""
         (run,) = _split_options(kwargs, RunOptions)
         check_batch_size(batch_size)
-        return self._dispatch("_predict_in_process", run, x, None, batch_size, verbose, callbacks or [])
+        return self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
+                              callbacks=callbacks or [])
 
     def save(self, path: str | os.PathLike) -> None:
         """Write weights, optimizer, scheduler, scaler, epoch and history to `path`, atomically."""
@@ -159,10 +161,10 @@ class Model:
         model.restore(state)
         return model
 
-    def summary(self, print_fn=print) -> str:
-        """A Keras-like table of layers, output shapes where known, and parameter counts."""
+    def summary(self, print_fn=print, input_example=None) -> str:
+        """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
         from easyfit.summary import summarize
-        text = summarize(self.net)
+        text = summarize(self.net, input_example)
         if print_fn is not None:
             print_fn(text)
         return text
@@ -202,32 +204,31 @@ class Model:
                 torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     # --- running in one or many processes -----------------------------------------------
-    def _dispatch(self, method: str, run: RunOptions, *args):
+    def _dispatch(self, method: str, run: RunOptions, **inputs):
         """Run `method` in this process or, via the strategy's launcher, in every rank."""
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend)
         launcher = strategy.launcher
         if launcher is None:
-            return self._in_process(strategy, method, run, *args)[0]
-        result, state = launcher.launch(self._in_process, strategy, method, run, *args)
+            return self._in_process(strategy, method, run, **inputs)[0]
+        result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
         if state is not None:   # the ranks trained copies: bring rank 0's weights back into the caller's net
             self.restore(state)
         return result
 
-    def _in_process(self, strategy: Strategy, method: str, run: RunOptions, *args):
+    def _in_process(self, strategy: Strategy, method: str, run: RunOptions, **inputs):
         """(result, state to hand back to the caller or None), for this rank."""
         strategy.setup_environment()
         self.strategy = strategy
-        self._precision = Precision(run.precision, strategy.root_device)
+        self._precision = self._precision.for_run(run.precision, strategy.root_device)
         try:
-            result = getattr(self, method)(run, *args)
+            result = getattr(self, method)(run, **inputs)
             launcher = strategy.launcher
             hand_back = (method == "_fit_in_process" and launcher is not None
                          and not launcher.rank_zero_in_caller and strategy.is_global_zero)
             return result, (self.checkpoint_state() if hand_back else None)
         finally:
             strategy.teardown()
-            self.strategy = Strategy()
 
     def _fit_in_process(self, run: RunOptions, x, y, options: FitOptions) -> History:
         strategy, precision = self.strategy, self._precision

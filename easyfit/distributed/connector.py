@@ -1,43 +1,153 @@
-"""The dispatcher: (strategy, devices, accelerator, num_nodes, environment) -> Strategy."""
+"""The dispatcher: (strategy, devices, accelerator, num_nodes, launch environment) -> Strategy.
+
+Precedence, top wins:
+  1. A Strategy object beats a name; whatever it leaves unset is filled in from the call.
+  2. What a launcher says (torchrun, SLURM, horovodrun/mpirun, the deepspeed launcher, or an easyfit-started rank)
+     beats guessing: the processes exist already, so the world size is theirs, and devices="auto" adopts it.
+  3. An explicit strategy name beats "auto".
+  4. "auto": several nodes -> ddp; one device -> single; several devices in a script -> ddp, in a notebook or
+     REPL -> ddp_fork (a notebook cannot re-run itself, and fork needs no pickling).
+Conflicts raise an error that says what to change.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from easyfit.devices import is_interactive, parse_devices, resolve_accelerator
+from easyfit.distributed.environments import ClusterEnvironment, detect_environment
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.losses import closest_name
 
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-BUILT = {"auto", "single"}
-PLANNED = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "dp", "ddp2", "horovod", "bagua",
-           "ddp_sharded", "fsdp", "deepspeed")
+
+@dataclass(frozen=True)
+class Call:
+    """What a fit / evaluate / predict call asked for, after parsing."""
+    accelerator: str
+    devices: list[torch.device]
+    num_nodes: int
+    environment: ClusterEnvironment
+    process_group_backend: str | None
+    interactive: bool
+
+    @property
+    def external(self) -> bool:
+        return self.environment.creates_processes_externally
 
 
-def resolve_accelerator(accelerator: str) -> str:
-    key = str(accelerator).lower()
-    if key not in ACCELERATORS:
-        raise ValueError(f"unknown accelerator {accelerator!r}.{closest_name(key, ACCELERATORS)} "
-                         f"Valid values: {', '.join(ACCELERATORS)}.")
-    if key == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    if key in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"accelerator={accelerator!r} was asked for, but torch sees no CUDA GPU here "
-                           f"(torch {torch.__version__}). Use accelerator='cpu' or 'auto'.")
-    if key == "mps" and not torch.backends.mps.is_available():
-        raise RuntimeError("accelerator='mps' was asked for, but MPS is not available; use 'cpu' or 'auto'")
-    return "cuda" if key == "gpu" else key
+def _single(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.single import SingleDeviceStrategy
+    if len(call.devices) > 1 or call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
+        raise ValueError(f"strategy='single' runs one process on one device, but this call asks for "
+                         f"{len(call.devices)} device(s) × {call.num_nodes} node(s) (or was started by a launcher "
+                         "with several processes). Use strategy='ddp' or 'auto', or devices=1.")
+    return SingleDeviceStrategy(call.devices[0])
 
 
-def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes=1, process_group_backend=None) -> Strategy:
-    if isinstance(strategy, Strategy):
-        return strategy
+def _ddp(start_method: str) -> Callable[[Call], Strategy]:
+    def build(call: Call) -> Strategy:
+        from easyfit.distributed.strategies.ddp import DDPStrategy
+        return DDPStrategy(start_method=start_method)
+    return build
+
+
+def _dp(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.dp import DataParallelStrategy
+    if call.num_nodes > 1:
+        raise ValueError("strategy='dp' runs in one process on one node; for several nodes use 'ddp', or 'ddp2' "
+                         "(DataParallel inside each node, DDP across nodes)")
+    return DataParallelStrategy(call.devices)
+
+
+def _ddp2(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.ddp2 import DDP2Strategy
+    return DDP2Strategy()
+
+
+#: name -> builder. A new backend is one module plus one row here.
+STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
+    "single": _single,
+    "ddp": _ddp("popen"),
+    "ddp_spawn": _ddp("spawn"),
+    "ddp_fork": _ddp("fork"),
+    "ddp_notebook": _ddp("fork"),
+    "dp": _dp,
+    "ddp2": _ddp2,
+}
+#: names of backends that later versions of easyfit add
+PLANNED = ("horovod", "bagua", "ddp_sharded", "fsdp", "deepspeed", "deepspeed_stage_2", "deepspeed_stage_3")
+SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
+def auto_strategy_name(call: Call) -> str:
+    """Rule 4 of the module docstring."""
+    if call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
+        return "ddp"
+    if len(call.devices) == 1:
+        return "single"
+    return "ddp_fork" if call.interactive else "ddp"
+
+
+def strategy_name(strategy: str) -> str:
     key = str(strategy).lower()
-    if key not in BUILT:
-        if key in PLANNED:
-            raise NotImplementedError(f"strategy {strategy!r} is not built yet; use 'auto' or 'single'")
-        raise ValueError(f"unknown strategy {strategy!r}.{closest_name(key, sorted(BUILT) + list(PLANNED))} "
-                         f"Valid names: {', '.join(sorted(BUILT) + list(PLANNED))}.")
-    kind = resolve_accelerator(accelerator)
-    return SingleDeviceStrategy(torch.device(kind, 0) if kind == "cuda" else torch.device(kind))
+    if key in STRATEGIES or key == "auto":
+        return key
+    valid = ["auto", *STRATEGIES]
+    if key in PLANNED:
+        raise NotImplementedError(f"strategy {strategy!r} is not available in this version of easyfit yet. "
+                                  f"Available: {', '.join(valid)}.")
+    raise ValueError(f"unknown strategy {strategy!r}.{closest_name(key, valid + list(PLANNED))} "
+                     f"Valid names: {', '.join(valid)}.")
+
+
+def _check_conflicts(name: str, call: Call) -> None:
+    if name in SPAWNING and call.external:
+        raise ValueError(f"strategy={name!r} starts its own processes, but this one was already started by "
+                         f"{call.environment.name} as one of several ranks. Use strategy='ddp' (or 'auto').")
+    if name in ("ddp_fork", "ddp_notebook", "ddp_spawn") and call.num_nodes > 1:
+        raise ValueError(f"strategy={name!r} starts processes on this machine only; for num_nodes > 1 start the "
+                         "script on every node (torchrun, SLURM, or by hand with NODE_RANK) with strategy='ddp'")
+    if name == "ddp" and call.interactive and not call.external and len(call.devices) > 1:
+        raise ValueError("strategy='ddp' re-runs your script in each extra process, but this is a notebook or REPL. "
+                         "Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
+
+
+def _node_devices(call: Call, devices) -> list[torch.device]:
+    """Under an external launcher, devices='auto' means one device per process the launcher started on this node."""
+    if not call.external or devices not in ("auto", None) or call.accelerator == "mps":
+        return call.devices
+    per_node = max(call.environment.world_size() // max(call.num_nodes, 1), 1)
+    if call.accelerator == "cuda":
+        return [torch.device("cuda", i) for i in range(min(per_node, torch.cuda.device_count()))]
+    return [torch.device("cpu")] * per_node
+
+
+def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
+            process_group_backend: str | None = None) -> Strategy:
+    """The Strategy for this call, configured for this process."""
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    if not isinstance(strategy, Strategy):
+        name = strategy_name(strategy)   # a bad name is reported before anything else is looked at
+    resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
+    call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
+    call = Call(call.accelerator, _node_devices(call, devices), num_nodes, call.environment,
+                process_group_backend, call.interactive)
+    call.environment.validate(num_nodes, len(call.devices))
+    if isinstance(strategy, Strategy):
+        return _configure(strategy, call)
+    if name == "auto":
+        name = auto_strategy_name(call)
+    _check_conflicts(name, call)
+    return _configure(STRATEGIES[name](call), call)
+
+
+def _configure(strategy: Strategy, call: Call) -> Strategy:
+    """Fill in what a strategy left unset (devices, nodes, environment, backend) from the call."""
+    configure = getattr(strategy, "configure", None)
+    if configure is not None:
+        configure(accelerator=call.accelerator, parallel_devices=call.devices, num_nodes=call.num_nodes,
+                  environment=call.environment, process_group_backend=call.process_group_backend)
+    return strategy

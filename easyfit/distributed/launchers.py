@@ -1,0 +1,287 @@
+"""How ranks come to exist, and how they are watched so that one failure stops them all.
+
+- `ScriptLauncher` ("ddp"): re-runs the user's script in child processes; this process is rank 0.
+- `ProcessLauncher` ("ddp_spawn" / "ddp_fork"): starts fresh processes (spawn) or forks this one, runs the
+  function in each, and hands rank 0's result back to the caller.
+A launcher has two members: `rank_zero_in_caller` and `launch(function, *args)`, which returns rank 0's result.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import io
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
+from easyfit.distributed.pickling import check_picklable
+
+ERROR_FILE_VARIABLE = "EASYFIT_ERROR_FILE"
+WATCH_INTERVAL = 0.1
+TERMINATE_GRACE_SECONDS = 3.0
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised or died; carries the rank and the original traceback text."""
+
+    def __init__(self, rank: int, details: str):
+        self.rank, self.details = rank, details
+        super().__init__(f"rank {rank} failed; all ranks were stopped. Its error:\n\n{details}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Script re-launch ("ddp")
+# ---------------------------------------------------------------------------------------------
+def script_command() -> list[str]:
+    """The command that re-runs the user's program the way it was started."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":   # python -m package.module
+        module = spec.name[:-len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return [sys.executable, "-m", module, *sys.argv[1:]]
+    main_file = getattr(main, "__file__", None)
+    if not main_file or not os.path.exists(main_file):
+        raise RuntimeError(
+            "strategy='ddp' re-runs your script in each extra process, but this session has no script "
+            "(a notebook, REPL or `python -c`). Use strategy='ddp_notebook' (fork) here, or 'ddp_spawn', "
+            "or move the code into a .py file.")
+    return [sys.executable, os.path.abspath(main_file), *sys.argv[1:]]
+
+
+def _die_with_parent() -> None:
+    """In a child: receive SIGTERM when the parent dies, so no rank outlives its launcher (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ScriptLauncher:
+    """Starts local ranks 1..N-1 as copies of the running script, once per program; this process is local rank 0.
+
+    The children live until the script ends, so later fit / evaluate / predict calls reuse them. A watcher thread
+    interrupts this process as soon as a child fails; the error raised names the rank and carries its traceback.
+    """
+
+    rank_zero_in_caller = True
+    _children: dict[int, subprocess.Popen] = {}
+    _error_files: dict[int, str] = {}
+    _world: tuple | None = None
+    _failure: RankFailedError | None = None
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        world = (self.strategy.num_processes, self.strategy.num_nodes, self.strategy.node_rank)
+        cls = type(self)
+        if cls._world is None:
+            self._start_children()
+            cls._world = world
+        elif cls._world != world:
+            raise RuntimeError(
+                f"this script already runs as {cls._world[0]} processes per node × {cls._world[1]} node(s); a "
+                "script re-launched for strategy='ddp' keeps its processes until it ends, so every ddp call in it "
+                "must use the same devices and num_nodes")
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            failure = self._wait_for_child_failure(error)
+            if failure is not None:
+                stop_children()
+                raise failure from None
+            stop_children()
+            raise
+
+    def _start_children(self) -> None:
+        strategy, environment = self.strategy, self.strategy.environment
+        command = script_command()
+        base_env = {**os.environ, "MASTER_ADDR": environment.main_address,
+                    "MASTER_PORT": str(environment.main_port), "WORLD_SIZE": str(strategy.world_size),
+                    "NODE_RANK": str(strategy.node_rank), "LOCAL_WORLD_SIZE": str(strategy.num_processes),
+                    LAUNCHED_RANK_VARIABLE: "1"}
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = base_env["MASTER_ADDR"], base_env["MASTER_PORT"]
+        for local_rank in range(1, strategy.num_processes):
+            error_file = tempfile.NamedTemporaryFile(prefix=f"easyfit-rank{local_rank}-", suffix=".txt", delete=False)
+            error_file.close()
+            env = {**base_env, "LOCAL_RANK": str(local_rank),
+                   "RANK": str(strategy.node_rank * strategy.num_processes + local_rank),
+                   ERROR_FILE_VARIABLE: error_file.name}
+            ScriptLauncher._error_files[local_rank] = error_file.name
+            ScriptLauncher._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+        threading.Thread(target=_watch_children, name="easyfit-rank-watcher", daemon=True).start()
+        atexit.register(_wait_for_children_at_exit)
+
+    @staticmethod
+    def _wait_for_child_failure(error: BaseException, seconds: float = 5.0) -> RankFailedError | None:
+        """After an error here, give a failing child a moment to report: its error is the original one."""
+        deadline = time.monotonic() + (seconds if not isinstance(error, KeyboardInterrupt) else 0.5)
+        while time.monotonic() < deadline:
+            if ScriptLauncher._failure is not None:
+                return ScriptLauncher._failure
+            if all(child.poll() is None for child in ScriptLauncher._children.values()):
+                # nobody died: if the error came from a collective, a peer may still be about to fail
+                if not _looks_like_peer_error(error):
+                    return None
+            time.sleep(WATCH_INTERVAL)
+        return ScriptLauncher._failure
+
+
+def _looks_like_peer_error(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}".lower()
+    return isinstance(error, KeyboardInterrupt) or any(
+        word in text for word in ("connection", "gloo", "nccl", "closed", "reset by peer", "timed out", "timeout"))
+
+
+def _child_failure(local_rank: int, child: subprocess.Popen) -> RankFailedError:
+    details = ""
+    error_file = ScriptLauncher._error_files.get(local_rank)
+    if error_file and os.path.exists(error_file):
+        with open(error_file, encoding="utf-8", errors="replace") as file:
+            details = file.read().strip()
+    if child.returncode < 0:
+        details = details or f"killed by signal {signal.Signals(-child.returncode).name}"
+    return RankFailedError(local_rank, details or f"exited with code {child.returncode} (see its output above)")
+
+
+def _watch_children() -> None:
+    """Poll the children; on the first failure, record it and interrupt the main thread."""
+    while ScriptLauncher._children:
+        for local_rank, child in list(ScriptLauncher._children.items()):
+            if child.poll() not in (None, 0) and ScriptLauncher._failure is None:
+                ScriptLauncher._failure = _child_failure(local_rank, child)
+                import _thread
+                _thread.interrupt_main()
+                return
+        time.sleep(WATCH_INTERVAL)
+
+
+def stop_children() -> None:
+    """Terminate every child still running (SIGTERM, then SIGKILL after a grace period)."""
+    children = list(ScriptLauncher._children.values())
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    _forget_children()
+
+
+def _forget_children() -> None:
+    for error_file in ScriptLauncher._error_files.values():
+        if os.path.exists(error_file):
+            os.remove(error_file)
+    ScriptLauncher._children, ScriptLauncher._error_files = {}, {}
+
+
+def _wait_for_children_at_exit() -> None:
+    """At the end of rank 0's script, wait for the other ranks to finish theirs, and report a failure."""
+    children = dict(ScriptLauncher._children)
+    for child in children.values():
+        try:
+            child.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    failed = [(rank, child) for rank, child in children.items() if child.returncode != 0]
+    if failed and ScriptLauncher._failure is None:
+        print(str(_child_failure(*failed[0])), file=sys.stderr, flush=True)
+    _forget_children()
+    if failed:
+        os._exit(1)
+
+
+def install_child_error_reporting() -> None:
+    """In a child started by ScriptLauncher: write any uncaught exception's traceback where the parent reads it."""
+    error_file = os.environ.get(ERROR_FILE_VARIABLE)
+    if not error_file or getattr(sys.excepthook, "easyfit_reporting", False):
+        return
+    previous = sys.excepthook
+
+    def report(exc_type, exc, tb):
+        with open(error_file, "w", encoding="utf-8") as file:
+            file.write("".join(traceback.format_exception(exc_type, exc, tb)))
+        previous(exc_type, exc, tb)
+
+    report.easyfit_reporting = True
+    sys.excepthook = report
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawn / fork ("ddp_spawn", "ddp_fork", "ddp_notebook")
+# ---------------------------------------------------------------------------------------------
+class ProcessLauncher:
+    """Runs the function in N new processes (spawn or fork); the caller gets rank 0's return value."""
+
+    rank_zero_in_caller = False
+
+    def __init__(self, strategy, start_method: str):
+        self.strategy, self.start_method = strategy, start_method
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        if self.start_method == "fork":
+            _check_fork_allowed()
+        else:
+            check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
+        os.environ["MASTER_ADDR"] = self.strategy.environment.main_address
+        os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
+        context = torch.multiprocessing.get_context(self.start_method)
+        results = context.SimpleQueue()
+        processes = torch.multiprocessing.start_processes(
+            _run_rank, args=(self.strategy, function, args, kwargs, results), nprocs=self.strategy.num_processes,
+            join=False, start_method=self.start_method)
+        try:
+            while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
+                pass
+        except torch.multiprocessing.ProcessException as error:
+            raise RankFailedError(error.error_index, _strip_process_header(str(error))) from None
+        except BaseException:
+            for process in processes.processes:
+                if process.is_alive():
+                    process.terminate()
+            for process in processes.processes:
+                process.join(TERMINATE_GRACE_SECONDS)
+                if process.is_alive():
+                    process.kill()
+            raise
+        return torch.load(io.BytesIO(results.get()), weights_only=False)
+
+
+def _run_rank(local_rank: int, strategy, function: Callable, args: tuple, kwargs: dict, results) -> None:
+    """The body of a spawned / forked rank."""
+    strategy.set_local_rank(local_rank)
+    result = function(*args, **kwargs)
+    if local_rank == 0:
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        results.put(buffer.getvalue())
+
+
+def _strip_process_header(text: str) -> str:
+    """torch's message starts with a '-- Process N terminated ...' line; the rank is in RankFailedError."""
+    lines = text.strip().splitlines()
+    return "\n".join(lines[1:] if lines and lines[0].startswith("-- Process") else lines).strip()
+
+
+def _check_fork_allowed() -> None:
+    if sys.platform == "win32":
+        raise RuntimeError("strategy='ddp_fork' / 'ddp_notebook' needs fork, which Windows lacks; use 'ddp_spawn'")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "strategy='ddp_fork' / 'ddp_notebook' cannot fork after CUDA has been initialised in this process "
+            "(a forked child cannot use it). Restart the kernel and call fit before anything touches the GPU "
+            "(e.g. avoid net.cuda() or torch.cuda calls before fit), or use strategy='ddp_spawn' from a script.")

@@ -1,0 +1,194 @@
+"""DistributedDataParallel: one process per device, gradients all-reduced during backward.
+
+One class serves four names, differing only in how ranks start: "ddp" re-runs the script (or joins an external
+launch such as torchrun or SLURM), "ddp_spawn" spawns fresh processes, "ddp_fork" / "ddp_notebook" fork this one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler, Sampler
+
+from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
+from easyfit.distributed.strategies.base import Strategy
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+class DistributedSamplerWrapper(Sampler):
+    """A user's sampler split between ranks: each rank takes every world_size-th index the sampler yields."""
+
+    def __init__(self, sampler: Sampler, rank: int, world_size: int):
+        self.sampler, self.rank, self.world_size = sampler, rank, world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        indices += indices[:(-len(indices)) % self.world_size]   # pad so every rank takes as many steps
+        return iter(indices[self.rank::self.world_size])
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.world_size)
+
+
+class ParallelStrategy(Strategy):
+    """What every multi-process strategy shares: ranks, the process group, samplers and collectives."""
+
+    def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
+                 num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
+                 process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT):
+        self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
+        self.environment, self.process_group_backend = environment, process_group_backend
+        self.timeout = timeout
+        self._local_rank = 0
+
+    def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
+                  num_nodes: int = 1, environment: ClusterEnvironment | None = None,
+                  process_group_backend: str | None = None) -> None:
+        """Fill in every setting the user left unset; the connector calls this with what the call asked for."""
+        self.accelerator = self.accelerator or accelerator
+        self.parallel_devices = self.parallel_devices or parallel_devices or [torch.device(self.accelerator)]
+        self.num_nodes = self.num_nodes or num_nodes
+        self.environment = self.environment or environment or LocalEnvironment()
+        self.process_group_backend = (self.process_group_backend or process_group_backend
+                                      or ("nccl" if self.accelerator == "cuda" else "gloo"))
+
+    # --- identity -------------------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node."""
+        return len(self.parallel_devices)
+
+    @property
+    def world_size(self) -> int:
+        if self.environment.creates_processes_externally:
+            return self.environment.world_size()
+        return self.num_nodes * self.num_processes
+
+    @property
+    def local_rank(self) -> int:
+        return self.environment.local_rank() if self.environment.creates_processes_externally else self._local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.environment.node_rank()
+
+    @property
+    def global_rank(self) -> int:
+        if self.environment.creates_processes_externally:
+            return self.environment.global_rank()
+        return self.node_rank * self.num_processes + self._local_rank
+
+    def set_local_rank(self, local_rank: int) -> None:
+        """Called in each process started by a ProcessLauncher."""
+        self._local_rank = local_rank
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank % self.num_processes]
+
+    # --- life -----------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        if self.environment.creates_processes_externally:
+            from easyfit.distributed.launchers import install_child_error_reporting
+            install_child_error_reporting()
+        super().setup_environment()
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size:
+                raise RuntimeError(f"a process group of {dist.get_world_size()} processes already exists, but this "
+                                   f"call needs {self.world_size}; use the same devices and num_nodes throughout")
+            return
+        os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
+        os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
+        dist.init_process_group(self.process_group_backend, rank=self.global_rank, world_size=self.world_size,
+                                timeout=self.timeout)
+
+    def teardown(self) -> None:
+        """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        if self.launcher is not None and not self.launcher.rank_zero_in_caller and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- data -----------------------------------------------------------------------
+    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
+        return DistributedSampler(range(dataset_len), num_replicas=self.world_size, rank=self.global_rank,
+                                  shuffle=shuffle, seed=seed)
+
+    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
+        return DistributedSamplerWrapper(sampler, self.global_rank, self.world_size)
+
+    # --- collectives ----------------------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        result = tensor.clone()
+        dist.all_reduce(result, op=getattr(dist.ReduceOp, REDUCE_OPS[op]))
+        return result / self.world_size if op == "mean" else result
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor; they may differ in their first dimension (padded for the transfer)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if self.process_group_backend == "nccl" \
+            else torch.device("cpu")
+        local = tensor.to(device)
+        sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([len(local)], device=device))
+        longest = int(max(size.item() for size in sizes))
+        padded = local.new_zeros((longest, *local.shape[1:]))
+        padded[:len(local)] = local
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        return [part[:int(size.item())].to(tensor.device) for part, size in zip(gathered, sizes)]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src)
+        return holder[0]
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(accelerator={self.accelerator!r}, processes_per_node={self.num_processes}, "
+                f"num_nodes={self.num_nodes}, backend={self.process_group_backend!r})")
+
+
+class DDPStrategy(ParallelStrategy):
+    """torch DistributedDataParallel; `start_method` is "popen" (script re-launch), "spawn" or "fork"."""
+
+    def __init__(self, *args, start_method: str = "popen", find_unused_parameters: bool = False,
+                 sync_batchnorm: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start_method = start_method
+        self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
+        self.name = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}[start_method]
+
+    @property
+    def launcher(self):
+        if self.environment.creates_processes_externally:
+            return None
+        from easyfit.distributed import launchers
+        if self.start_method == "popen":
+            return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
+        return launchers.ProcessLauncher(self, self.start_method)
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        if self.sync_batchnorm:
+            net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        net.to(self.root_device)
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        wrapped = DistributedDataParallel(net, device_ids=device_ids,
+                                          find_unused_parameters=self.find_unused_parameters)
+        return wrapped, optimizer
+
+    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()

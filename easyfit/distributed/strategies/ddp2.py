@@ -1,0 +1,67 @@
+"""DDP2: one process per node; DataParallel over the node's GPUs, gradients all-reduced across nodes.
+
+Each node's process sees a whole per-node batch (split over its GPUs by DataParallel), so the effective batch is
+batch_size × num_nodes. Works on CPU too (one device per node), which is how it is tested.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from easyfit.distributed.strategies.ddp import ParallelStrategy
+from easyfit.precision import Precision
+
+
+class DDP2Strategy(ParallelStrategy):
+    """Ranks are nodes. Parameters are broadcast from rank 0 at setup; gradients are averaged after each backward."""
+
+    name = "ddp2"
+    launcher = None   # one process per node: each node's process is started by hand, torchrun or SLURM
+
+    def __init__(self, *args, **kwargs):
+        self._sync_gradients = True
+        self._params: list[torch.nn.Parameter] = []
+        super().__init__(*args, **kwargs)
+
+    def configure(self, *args, **kwargs) -> None:
+        super().configure(*args, **kwargs)
+        self.node_devices = self.parallel_devices
+        self.parallel_devices = self.parallel_devices[:1]   # one process per node, rooted at the first device
+
+    def describe_batch_factor(self) -> str:
+        return "nodes" if self.batch_factor != 1 else "node"
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        net.to(self.root_device)
+        for tensor in [*net.parameters(), *net.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+        self._params = [p for p in net.parameters() if p.requires_grad]
+        if len(self.node_devices) > 1:
+            net = torch.nn.DataParallel(net, device_ids=[d.index for d in self.node_devices])
+        return net, optimizer
+
+    def backward(self, loss: torch.Tensor, precision: Precision) -> None:
+        super().backward(loss, precision)
+        if self._sync_gradients:
+            self._average_gradients()
+
+    def _average_gradients(self) -> None:
+        """All-reduce every gradient as one flat buffer, then divide by the number of nodes."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(synced)
+
+    @contextlib.contextmanager
+    def no_sync(self, net: torch.nn.Module):
+        self._sync_gradients = False
+        try:
+            yield
+        finally:
+            self._sync_gradients = True

@@ -1,0 +1,35 @@
+"""DataParallel: one process drives every local GPU; each batch is split across them and the outputs gathered."""
+from __future__ import annotations
+
+import torch
+
+from easyfit.distributed.strategies.base import Strategy
+
+
+def require_cuda(strategy_name: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"strategy={strategy_name!r} splits each batch across CUDA GPUs, and torch sees none here. "
+                           "On CPU use strategy='ddp' with devices=N (N processes), or strategy='auto'.")
+
+
+class DataParallelStrategy(Strategy):
+    """torch.nn.DataParallel over `parallel_devices`. The loss is computed on the gathered full-batch output,
+    so losses and metrics see the whole batch. One process: the batch factor is 1."""
+
+    name = "dp"
+
+    def __init__(self, parallel_devices: list[torch.device]):
+        require_cuda(self.name)
+        super().__init__(parallel_devices[0])
+        self.parallel_devices = parallel_devices
+
+    @property
+    def batch_factor(self) -> int:
+        return 1
+
+    def describe_batch_factor(self) -> str:
+        return f"process (split over {len(self.parallel_devices)} GPUs)"
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        net.to(self.root_device)
+        return torch.nn.DataParallel(net, device_ids=[d.index for d in self.parallel_devices]), optimizer

@@ -1,0 +1,67 @@
+"""Run the distributed test scripts as real programs, with timeouts, and check no process outlives them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+from common import make_data, make_net  # noqa: E402,F401  (re-exported for the tests)
+
+
+def run_script(out: Path, *args: str, env: dict | None = None, timeout: float = 150,
+               script: str = "train.py") -> subprocess.CompletedProcess:
+    """Run tests/distributed/scripts/<script> OUT ARGS... and return the finished process."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(SCRIPTS / script), str(out), *args], env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_script(out: Path, *args: str, env: dict | None = None, script: str = "train.py") -> subprocess.Popen:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, str(SCRIPTS / script), str(out), *args], env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(out: Path) -> dict:
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+def processes_running(marker: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def reference_weights(lr: float, batch_size: int = 32, epochs: int = 2) -> dict:
+    """Plain PyTorch: the same net and data, one process, no shuffling."""
+    x, y = make_data()
+    net = make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    for _ in range(epochs):
+        for start in range(0, len(x), batch_size):
+            loss = torch.nn.functional.cross_entropy(net(x[start:start + batch_size]), y[start:start + batch_size])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return net.state_dict()
+
+
+def assert_same_weights(actual: dict, expected: dict, atol: float = 1e-5) -> None:
+    for name, value in expected.items():
+        difference = (actual[name] - value).abs().max().item()
+        assert difference <= atol, f"{name} differs by {difference}"

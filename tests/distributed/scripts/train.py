@@ -1,0 +1,76 @@
+"""A training script run as a real program by the distributed tests (each rank runs it or a copy of it).
+
+Usage: python train.py OUT_DIR STRATEGY [--lr 0.05] [--lr-scaling linear|none] [--fail-rank R --fail-step S]
+                                        [--num-nodes N] [--devices D] [--epochs E]
+Rank 0 writes OUT_DIR/result.pt: trained weights, history, evaluate() and predict() results.
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import Callback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_data, make_net  # noqa: E402
+
+
+class FailAt(Callback):
+    """Raise on one rank at one step, to test that every rank stops."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.model.global_rank == self.rank and batch == self.step:
+            raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
+
+
+class RecordSeen(Callback):
+    """Remember how many batches this rank trained per epoch."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps[-1] += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("strategy")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr-scaling", default="none")
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-step", type=int, default=3)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x, y = make_data()
+    net = make_net()
+    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=args.lr), metrics=["accuracy"])
+    callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step)] if args.fail_rank >= 0 else [])
+    run = dict(devices=args.devices, accelerator="cpu", strategy=args.strategy, num_nodes=args.num_nodes)
+    history = model.fit(x, y, epochs=args.epochs, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks,
+                        lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling, **run)
+    x_eval, y_eval = x[:101], y[:101]
+    scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, **run)
+    predictions = model.predict(x_eval, batch_size=8, **run)
+    if model.is_global_zero:
+        torch.save({"state": net.state_dict(), "history": history.history, "params": history.params,
+                    "scores": scores, "predictions": predictions, "world_size": history.params["world_size"],
+                    "lr_after": [g["lr"] for g in model.optimizer.param_groups]},
+                   os.path.join(args.out, "result.pt"))
+
+
+if __name__ == "__main__":
+    main()

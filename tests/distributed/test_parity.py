@@ -1,0 +1,70 @@
+"""Each strategy on 2 CPU processes (gloo) trains exactly what plain PyTorch trains on the combined batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import easyfit
+from runner import assert_same_weights, make_data, make_net, reference_weights, result, run_script
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _single_process_scores() -> tuple[dict, torch.Tensor]:
+    x, y = make_data()
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"])
+    return (model.evaluate(x[:101], y[:101], batch_size=8, verbose=0),
+            model.predict(x[:101], batch_size=8))
+
+
+def _check_run(process, out, lr_expected: float) -> dict:
+    assert process.returncode == 0, process.stderr[-4000:]
+    outcome = result(out)
+    assert outcome["world_size"] == 2
+    assert_same_weights(outcome["state"], reference_weights(lr_expected))
+    return outcome
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_path):
+    process = run_script(tmp_path, strategy, "--lr", "0.1", "--lr-scaling", "none")
+    outcome = _check_run(process, tmp_path, lr_expected=0.1)
+    # the caller's net holds the trained weights and the caller gets the History, whatever the launcher
+    assert len(outcome["history"]["loss"]) == 2
+    assert outcome["params"]["effective_batch_size"] == 32
+    # evaluation is exact: the same numbers as one process on the same (trained) weights
+    x, y = make_data()
+    net = make_net()
+    net.load_state_dict(outcome["state"])
+    single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
+    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0)
+    assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+    assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))
+
+
+def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(tmp_path):
+    process = run_script(tmp_path, "ddp", "--lr", "0.05", "--lr-scaling", "linear")
+    outcome = _check_run(process, tmp_path, lr_expected=0.1)
+    assert outcome["params"]["lr_multiplier"] == 2.0
+    assert "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)" in outcome["params"]["summary"]
+    assert outcome["lr_after"] == [pytest.approx(0.05)], "the user's LR is restored after fit"
+
+
+def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
+    from runner import start_script
+    from easyfit.distributed.environments import find_free_port
+    port = str(find_free_port())
+    nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", "0.1",
+                          env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank)})
+             for rank in range(2)]
+    try:
+        outputs = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    outcome = result(tmp_path)
+    assert outcome["world_size"] == 2
+    assert outcome["params"]["batch_factor"] == 2
+    assert_same_weights(outcome["state"], reference_weights(0.1))
