@@ -117,10 +117,12 @@ class Loop:
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
-            callbacks.call("on_epoch_begin", epoch, None)
+            begin_logs: dict[str, float] = {}   # values a callback records for this epoch (e.g. "lr")
+            callbacks.call("on_epoch_begin", epoch, begin_logs)
             logs = self.train_epoch(train_batches)
             if val_batches is not None and (epoch + 1) % validation_freq == 0:
                 logs.update({f"val_{key}": value for key, value in self.evaluate(val_batches).items()})
+            logs.update(begin_logs)
             self._step_scheduler_per_epoch(logs)
             model.completed_epochs = epoch + 1
             callbacks.call("on_epoch_end", epoch, logs)

@@ -20,6 +20,8 @@ class Callback:
 
     model: Any = None
     params: dict = {}
+    #: run this callback's hooks after all the others' (ModelCheckpoint: its checkpoints then hold their state)
+    runs_last: bool = False
 
     def set_model(self, model) -> None:
         self.model = model
@@ -54,7 +56,7 @@ class CallbackList:
     """Calls each hook on the callbacks that override it, in order; a hook nobody overrides costs one check."""
 
     def __init__(self, callbacks, model, params: dict):
-        self.callbacks = list(callbacks)
+        self.callbacks = sorted(callbacks, key=lambda callback: getattr(callback, "runs_last", False))
         for callback in self.callbacks:
             callback.set_model(model)
             callback.set_params(params)

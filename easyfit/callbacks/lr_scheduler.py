@@ -1,0 +1,36 @@
+"""LearningRateScheduler: set the learning rate at the start of each epoch from a function."""
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+from easyfit.callbacks.base import Callback
+
+
+class LearningRateScheduler(Callback):
+    """Call `schedule(epoch, lr) -> new lr` at the start of each epoch (epoch counts from 0) and set the result.
+
+    Each param group is scheduled from its own LR. The LRs the schedule sees and returns are in the user's scale:
+    when fit scales the LR for a larger effective batch (`lr_scaling`), the optimizer runs the new LR times that
+    factor. The epoch logs get "lr": the first group's scheduled LR.
+    """
+
+    def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
+        if not callable(schedule):
+            raise TypeError(f"LearningRateScheduler: schedule must be a function (epoch, lr) -> lr, got {schedule!r}")
+        self.schedule, self.verbose = schedule, verbose
+
+    def on_epoch_begin(self, epoch, logs=None):
+        multiplier = self.params.get("lr_multiplier", 1.0)
+        new_lrs = []
+        for group in self.model.optimizer.param_groups:
+            new_lr = self.schedule(epoch, group["lr"] / multiplier)
+            if isinstance(new_lr, bool) or not isinstance(new_lr, numbers.Real):
+                raise TypeError(f"LearningRateScheduler: schedule({epoch}, lr) must return a number, got {new_lr!r}")
+            group["lr"] = float(new_lr) * multiplier
+            new_lrs.append(float(new_lr))
+        if logs is not None:
+            logs["lr"] = new_lrs[0]
+        if self.verbose and self.model.is_global_zero:
+            print(f"Epoch {epoch + 1}: LearningRateScheduler sets the learning rate to "
+                  f"{', '.join(f'{lr:.6g}' for lr in new_lrs)}", flush=True)

@@ -1,0 +1,100 @@
+"""ModelCheckpoint: save full checkpoints during training, every epoch, every N batches, or on improvement."""
+from __future__ import annotations
+
+import os
+
+from easyfit.callbacks.base import Callback
+from easyfit.callbacks.monitor import Monitor
+
+
+class ModelCheckpoint(Callback):
+    """Write a checkpoint with `model.save` (atomic: a temp file, then a rename), loadable by `Model.load`
+    and resumable with `fit(resume_from=...)`.
+
+    Args:
+        filepath: where to write; may hold format fields filled from the logs, e.g. "ckpt-{epoch:02d}-{val_loss:.3f}.pt"
+            (`epoch` and `batch` count from 1).
+        monitor: the log key compared when `save_best_only`.
+        save_best_only: write only when `monitor` improves on the best value so far.
+        mode: "min", "max", or "auto" (max for accuracy-like names, min otherwise).
+        save_freq: "epoch", or an integer: save every that many training batches.
+        verbose: 1 prints each save (and each skipped one with `save_best_only`).
+
+    It runs after the other callbacks, so that a checkpoint holds their state for the epoch that just ended.
+    """
+
+    runs_last = True
+
+    def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", save_best_only: bool = False,
+                 mode: str = "auto", save_freq: str | int = "epoch", verbose: int = 0):
+        if save_freq != "epoch" and (not isinstance(save_freq, int) or isinstance(save_freq, bool) or save_freq < 1):
+            raise ValueError(f"ModelCheckpoint: save_freq must be 'epoch' or a positive number of batches, "
+                             f"got {save_freq!r}")
+        self.filepath = os.fspath(filepath)
+        self.monitor = Monitor(monitor, mode, owner="ModelCheckpoint")
+        self.save_best_only, self.save_freq, self.verbose = save_best_only, save_freq, verbose
+        self.best = self.monitor.worst
+        self.batches_since_save = 0
+        self.epoch = 0
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "batches_since_save": self.batches_since_save}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.batches_since_save = state["best"], state["batches_since_save"]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq == "epoch":
+            return
+        self.batches_since_save += 1
+        if self.batches_since_save >= self.save_freq:
+            self.batches_since_save = 0
+            self._save(self.epoch, batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.save_freq == "epoch":
+            self._save(epoch, None, logs)
+
+    def _save(self, epoch: int, batch: int | None, logs) -> None:
+        # every rank must call model.save with the same path: all follow rank 0's decision
+        path, value = self.model.strategy.broadcast(self._decide(epoch, batch, logs))
+        if path is None:
+            return
+        if value is not None:
+            self.best = value
+        self.model.save(path)
+
+    def _decide(self, epoch: int, batch: int | None, logs) -> tuple[str | None, float | None]:
+        """(path to write or None, new best value or None)."""
+        if not self.save_best_only:
+            path = self._format(epoch, batch, logs)
+            self._say(f"Epoch {epoch + 1}: saving the model to {path}")
+            return path, None
+        current = self.monitor.read(logs)
+        if current is None:
+            return None, None
+        name = self.monitor.name
+        if not self.monitor.improves(current, self.best):
+            self._say(f"Epoch {epoch + 1}: {name} did not improve from {self.best:.5f}")
+            return None, None
+        path = self._format(epoch, batch, logs)
+        self._say(f"Epoch {epoch + 1}: {name} improved from {self.best:.5f} to {current:.5f}, "
+                  f"saving the model to {path}")
+        return path, current
+
+    def _format(self, epoch: int, batch: int | None, logs) -> str:
+        fields = {**(logs or {}), "epoch": epoch + 1}
+        if batch is not None:
+            fields["batch"] = batch + 1
+        try:
+            return self.filepath.format(**fields)
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(f"ModelCheckpoint cannot fill in the filepath {self.filepath!r} ({error!r}); "
+                             f"it may use these fields: {', '.join(fields)}") from None
+
+    def _say(self, message: str) -> None:
+        if self.verbose and self.model.is_global_zero:
+            print(message, flush=True)

@@ -1,0 +1,42 @@
+"""A monitored log value and the rule for "better": shared by EarlyStopping and ModelCheckpoint."""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+MAXIMIZED = ("acc", "auc", "auroc", "f1", "precision", "recall", "r2")
+
+
+class Monitor:
+    """Reads `name` from epoch logs and says whether a value improves on another by more than `min_delta`.
+
+    mode "auto" maximizes names containing acc, auc, auroc, f1, precision, recall or r2, and minimizes the rest."""
+
+    def __init__(self, name: str, mode: str = "auto", min_delta: float = 0.0, owner: str = "callback"):
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        self.name, self.owner, self.min_delta = name, owner, abs(min_delta)
+        if mode == "auto":
+            mode = "max" if any(part in name.lower() for part in MAXIMIZED) else "min"
+        self.mode = mode
+
+    @property
+    def worst(self) -> float:
+        """The starting 'best': anything finite improves on it."""
+        return math.inf if self.mode == "min" else -math.inf
+
+    def improves(self, value: float, reference: float) -> bool:
+        if self.mode == "min":
+            return value + self.min_delta < reference
+        return value - self.min_delta > reference
+
+    def read(self, logs: Mapping | None) -> float | None:
+        """The monitored value, or None (with a warning listing the keys there are) when the logs lack it."""
+        logs = logs or {}
+        if self.name not in logs:
+            warnings.warn(f"{self.owner}: the monitored value {self.name!r} is not in the logs; available: "
+                          f"{', '.join(logs) or 'none'}. Pass one of these as monitor= (val_* keys need "
+                          "validation_data or validation_split).", RuntimeWarning, stacklevel=2)
+            return None
+        return float(logs[self.name])
