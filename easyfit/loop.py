@@ -59,7 +59,9 @@ class LossTracker:
         total, count = self.totals()
         summed = strategy.reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])
                                  .to(strategy.root_device), "sum")
-        return float(summed[0]) / max(float(summed[1]), 1.0)
+        if not summed[1]:
+            raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
+        return float(summed[0]) / float(summed[1])
 
 
 class BatchLogs(Mapping):
@@ -240,7 +242,8 @@ class Loop:
         callbacks.call("on_predict_begin", None)
         for step, batch in enumerate(batches):
             callbacks.call("on_predict_batch_begin", step, None)
-            inputs, _ = split_batch(precision.convert_input(batch)) if _has_target(batch) else (batch, None)
+            batch = precision.convert_input(batch)
+            inputs = split_batch(batch)[0] if _has_target(batch) else batch
             with precision.autocast():
                 output = call_net(net, inputs)
             outputs.append(_to_cpu(output))

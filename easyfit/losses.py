@@ -31,9 +31,10 @@ REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.HuberLoss, nn.SmoothL1Loss)
 
 
 def closest_name(name: str, choices) -> str:
-    """' Did you mean ...?' for the closest valid name, or ''."""
-    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return f" Did you mean {match[0]!r}?" if match else ""
+    """' Did you mean ...?' naming the closest valid name (and a second one nearly as close), or ''."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, choice).ratio(), choice) for choice in choices), reverse=True)
+    matches = [choice for score, choice in scored[:2] if score >= max(0.6, scored[0][0] - 0.15)]
+    return f" Did you mean {' or '.join(repr(match) for match in matches)}?" if matches else ""
 
 
 def resolve_loss(loss) -> Callable:
@@ -46,7 +47,8 @@ def resolve_loss(loss) -> Callable:
         return LOSSES[key]()
     if callable(loss):
         return loss
-    raise TypeError(f"loss must be a name, an nn.Module or a callable (output, target) -> tensor; got {type(loss).__name__}")
+    raise TypeError("loss must be a name, an nn.Module or a callable (output, target) -> tensor; "
+                    f"got {type(loss).__name__}")
 
 
 def check_targets(loss_fn: Callable, output, target) -> None:

@@ -16,7 +16,7 @@ from easyfit.data import check_batch_size, interleave, make_batches, split_valid
 from easyfit.distributed.connector import connect
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.loop import Loop, StepSettings
-from easyfit.losses import resolve_loss
+from easyfit.losses import closest_name, resolve_loss
 from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
 from easyfit.metrics import MetricSet
 from easyfit.optimizers import build_optimizer
@@ -61,7 +61,8 @@ def _split_options(kwargs: dict, *option_types) -> list:
     known = {f.name for option_type in option_types for f in fields(option_type)}
     unknown = sorted(set(kwargs) - known)
     if unknown:
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
+                        f"Valid ones: {', '.join(sorted(known))}.")
     return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
             for option_type in option_types]
 

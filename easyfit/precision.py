@@ -33,6 +33,19 @@ class Precision:
                              f"{device.type!r}; use precision='32'")
         self.scaler = torch.amp.GradScaler(device.type) if self.name == "16-mixed" else None
 
+    def for_run(self, precision: Any, device: torch.device) -> "Precision":
+        """The precision of the next fit / evaluate / predict: `precision`, or this one's setting when None.
+
+        An unchanged setting keeps its loss-scaler state, so evaluating between fits or saving after an
+        evaluate loses nothing, and a net fitted in "64" is evaluated in "64"."""
+        name = self.name if precision is None else parse_precision(precision)
+        if name == self.name and device == self.device:
+            return self
+        fresh = Precision(name, device)
+        if name == self.name:
+            fresh.load_state_dict(self.state_dict())
+        return fresh
+
     def convert_module(self, net: torch.nn.Module) -> torch.nn.Module:
         return net.double() if self.name == "64" else net
 
