@@ -61,6 +61,10 @@ def check_targets(loss_fn: Callable, output, target) -> None:
             f"{name} expects class indices as targets: an integer tensor of shape {tuple(output.shape[:1])} "
             f"with values in [0, {output.shape[-1] - 1}]; got {target.dtype} targets of shape {tuple(target.shape)}. "
             "Convert them with y.long() (or y.astype('int64') in numpy), or use a regression loss such as 'mse'.")
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and target.dtype not in (torch.int64, torch.uint8) \
+            and not target.is_floating_point():
+        raise TypeError(f"{name} expects int64 class indices as targets; got {target.dtype}. "
+                        "Convert them with y.long() (or y.astype('int64') in numpy).")
     if isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and output.dim() < 2:
         raise ValueError(f"{name} needs one output per class (shape [batch, classes]); the net returned shape "
                          f"{tuple(output.shape)}. For a single-logit binary output use 'bce_with_logits'.")

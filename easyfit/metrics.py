@@ -17,8 +17,13 @@ def _classification(metric_name: str, **extra) -> Callable:
     def build(task: str, num_classes: int):
         import torchmetrics
         cls = getattr(torchmetrics, metric_name)
+        top_k = extra.get("top_k", 1)
+        outputs = 1 if task == "binary" else num_classes
+        if top_k > outputs:
+            raise ValueError(f"top{top_k}_accuracy needs a net with at least {top_k} outputs (one per class); "
+                             f"this one has {outputs}. Use 'accuracy' instead.")
         if task == "binary":
-            return cls(task="binary", **{k: v for k, v in extra.items() if k != "top_k"})
+            return cls(task="binary", **extra)
         return cls(task="multiclass", num_classes=num_classes, **extra)
     return build
 
@@ -53,6 +58,13 @@ def metric_key(name: str) -> str:
         raise ValueError(f"unknown metric {name!r}.{closest_name(key, list(METRICS) + list(ALIASES))} "
                          f"Valid names: {', '.join(sorted(METRICS))}; or pass a torchmetrics.Metric object.")
     return key
+
+
+def metric_names(metrics: Any) -> list[str] | dict[str, str]:
+    """The metrics given by name, as given (a list, or a dict of log name -> name): to rebuild them on load."""
+    if isinstance(metrics, dict):
+        return {name: metric for name, metric in metrics.items() if isinstance(metric, str)}
+    return [m for m in ([metrics] if isinstance(metrics, str) else metrics or []) if isinstance(m, str)]
 
 
 def snake_case(name: str) -> str:

@@ -18,8 +18,8 @@ from easyfit.distributed.strategies.base import Strategy
 from easyfit.loop import Loop, StepSettings
 from easyfit.losses import closest_name, resolve_loss
 from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
-from easyfit.metrics import MetricSet
-from easyfit.optimizers import build_optimizer
+from easyfit.metrics import MetricSet, metric_names
+from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
 
 
@@ -87,11 +87,10 @@ class Model:
         if scheduler_interval not in ("epoch", "step"):
             raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
         self.net = net
-        self.spec = {"loss": loss if isinstance(loss, str) else None,
-                     "optimizer": optimizer if isinstance(optimizer, str) else None, "lr": lr,
-                     "metrics": [m for m in ([metrics] if isinstance(metrics, str) else metrics or []) if isinstance(m, str)]}
         self.loss_fn = resolve_loss(loss)
         self.optimizer = build_optimizer(optimizer, net, lr)
+        self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
+                     "lr": lr, "metrics": metric_names(metrics)}
         self.scheduler = _build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
         self.metrics = MetricSet(metrics)
@@ -155,8 +154,11 @@ class Model:
         Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
         state = load_checkpoint_file(path)
         spec = state.get("spec", {})
+        if optimizer is None and spec.get("optimizer") is None:
+            raise ValueError(f"{os.fspath(path)!r} was saved with an optimizer easyfit has no name for; "
+                             "pass the same kind to Model.load(..., optimizer=...) to restore its state")
         model = cls(net, loss if loss is not None else spec.get("loss") or "cross_entropy",
-                    optimizer if optimizer is not None else spec.get("optimizer") or "adam",
+                    optimizer if optimizer is not None else spec["optimizer"],
                     metrics if metrics is not None else spec.get("metrics"), lr=kwargs.pop("lr", spec.get("lr")),
                     **kwargs)
         model.restore(state)

@@ -58,3 +58,8 @@ def check_optimizer_owns(optimizer: torch.optim.Optimizer, net: nn.Module) -> No
         raise ValueError(f"the optimizer holds {foreign} parameter tensor(s) that do not belong to the net passed "
                          "to easyfit.Model, so training would not change the net. Build it over this net: "
                          "e.g. torch.optim.Adam(net.parameters()), or pass a name such as 'adam'.")
+
+
+def optimizer_name(optimizer: torch.optim.Optimizer) -> str | None:
+    """The name under which easyfit builds this optimizer's class (to rebuild it from a checkpoint), or None."""
+    return next((name for name, (cls, _) in OPTIMIZERS.items() if type(optimizer) is cls), None)

@@ -88,6 +88,18 @@ def test_float_targets_for_cross_entropy_are_explained(make_net, classification)
     assert "class indices" in message and "y.long()" in message and "float32" in message
 
 
+def test_int32_targets_for_cross_entropy(make_net, classification):
+    x, y = classification
+    message = fit_error(make_net, x.numpy(), y.int().numpy(), error_type=TypeError)
+    assert "int64 class indices" in message and "int32" in message and "astype('int64')" in message
+
+
+def test_top5_accuracy_needs_five_outputs(make_net, classification):
+    model = easyfit.Model(make_net(), metrics=["top5_accuracy"])
+    message = error_message(ValueError, model.evaluate, *classification, verbose=0)
+    assert "at least 5 outputs" in message and "has 3" in message and "'accuracy'" in message
+
+
 def test_integer_targets_for_bce(make_net, classification):
     x, y = classification
     message = fit_error(make_net, x, (y[:, None] > 0).long(), error_type=TypeError, loss="bce_with_logits",
@@ -126,6 +138,15 @@ def test_resume_from_a_file_that_is_not_an_easyfit_checkpoint(content, make_net,
         path.write_text("not a checkpoint")
     message = fit_error(make_net, *classification, resume_from=path)
     assert "other.pt" in message and "is not an easyfit checkpoint" in message
+
+
+def test_load_needs_the_optimizer_when_it_has_no_name(make_net, tmp_path):
+    class CustomSGD(torch.optim.SGD):
+        pass
+    net = make_net()
+    easyfit.Model(net, optimizer=CustomSGD(net.parameters(), lr=0.1)).save(tmp_path / "custom.pt")
+    message = error_message(ValueError, easyfit.Model.load, tmp_path / "custom.pt", net=make_net())
+    assert "custom.pt" in message and "optimizer=" in message
 
 
 def test_unexpected_fit_argument_is_named_with_a_suggestion(make_net, classification):

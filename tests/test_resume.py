@@ -48,3 +48,16 @@ def test_save_and_load_round_trip(make_net, classification, tmp_path):
     torch.testing.assert_close(loaded.optimizer.state_dict()["state"], model.optimizer.state_dict()["state"])
     assert loaded.history.history == model.history.history and loaded.history.epoch == [0, 1]
     assert loaded.evaluate(*classification, verbose=0) == pytest.approx(model.evaluate(*classification, verbose=0))
+
+
+def test_load_rebuilds_an_optimizer_instance_and_named_metrics(make_net, classification, tmp_path):
+    path = tmp_path / "model.pt"
+    net = make_net()
+    model = easyfit.Model(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9),
+                          metrics={"acc": "accuracy", "top": "top3_accuracy"})
+    model.fit(*classification, epochs=1, verbose=0)
+    model.save(path)
+    loaded = easyfit.Model.load(path, net=make_net())
+    assert isinstance(loaded.optimizer, torch.optim.SGD) and loaded.optimizer.param_groups[0]["momentum"] == 0.9
+    assert loaded.evaluate(*classification, verbose=0) == pytest.approx(model.evaluate(*classification, verbose=0))
+    loaded.fit(*classification, epochs=1, verbose=0)
