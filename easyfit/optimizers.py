@@ -63,3 +63,9 @@ def check_optimizer_owns(optimizer: torch.optim.Optimizer, net: nn.Module) -> No
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str | None:
     """The name under which easyfit builds this optimizer's class (to rebuild it from a checkpoint), or None."""
     return next((name for name, (cls, _) in OPTIMIZERS.items() if type(optimizer) is cls), None)
+
+
+def align_state(optimizer: torch.optim.Optimizer) -> None:
+    """Cast the optimizer's state (e.g. Adam's moments) to its parameters' current dtype and device."""
+    if optimizer.state:
+        optimizer.load_state_dict(optimizer.state_dict())

@@ -47,7 +47,10 @@ class Precision:
         return fresh
 
     def convert_module(self, net: torch.nn.Module) -> torch.nn.Module:
-        return net.double() if self.name == "64" else net
+        """float64 weights under "64"; float32 otherwise (a net an earlier "64" fit left in float64 comes back)."""
+        if self.name == "64":
+            return net.double()
+        return net.float() if any(p.dtype == torch.float64 for p in net.parameters()) else net
 
     def convert_input(self, batch: Any) -> Any:
         """Float tensors become float64 under precision "64"; otherwise the batch is returned as is."""

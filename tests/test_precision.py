@@ -33,6 +33,14 @@ def test_64_makes_the_net_and_inputs_float64(make_net, classification):
     assert model.evaluate(*classification, verbose=0)["loss"] < model.history.history["loss"][0]
 
 
+def test_switching_precision_between_fits_converts_weights_and_adam_state(make_net, classification):
+    model = easyfit.Model(make_net(), "cross_entropy", "adam")
+    for precision, dtype in (("32", torch.float32), ("64", torch.float64), ("bf16-mixed", torch.float32)):
+        model.fit(*classification, epochs=1, precision=precision, verbose=0)
+        assert {p.dtype for p in model.net.parameters()} == {dtype}
+        assert {state["exp_avg"].dtype for state in model.optimizer.state.values()} == {dtype}
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_trains_on_cpu(precision, make_net, classification, tmp_path):
     model = fitted(make_net, classification, precision)
