@@ -183,3 +183,11 @@ def test_shuffle_off_keeps_order_and_on_permutes_each_epoch():
     first, second = orders[True]
     assert torch.equal(first.sort().values, torch.arange(20)) and torch.equal(second.sort().values, torch.arange(20))
     assert not torch.equal(first, torch.arange(20)) and not torch.equal(first, second)
+
+
+def test_a_generator_trains_one_epoch_and_explains_why_not_two(make_net, classification):
+    x, y = classification
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd")
+    assert len(model.fit(iter(batches(x, y)), epochs=1, verbose=0).history["loss"]) == 1
+    with pytest.raises(ValueError, match="exhausted after one pass.*re-iterable"):
+        model.fit(iter(batches(x, y)), epochs=2, verbose=0)

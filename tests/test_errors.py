@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import easyfit
 
@@ -80,6 +80,14 @@ def test_batch_size_must_be_a_positive_integer(batch_size, method, make_net, cla
 def test_validation_split_outside_zero_to_one(split, make_net, classification):
     message = fit_error(make_net, *classification, validation_split=split)
     assert "validation_split" in message and "[0, 1)" in message and repr(split) in message
+
+
+def test_validation_split_needs_sized_data_and_excludes_validation_data(make_net, classification):
+    x, y = classification
+    message = fit_error(make_net, DataLoader(TensorDataset(x, y)), None, validation_split=0.2)
+    assert "validation_split needs" in message and "DataLoader" in message and "validation_data" in message
+    message = fit_error(make_net, x, y, validation_split=0.2, validation_data=(x, y))
+    assert "either validation_data or validation_split" in message
 
 
 def test_float_targets_for_cross_entropy_are_explained(make_net, classification):
