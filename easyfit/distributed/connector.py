@@ -11,7 +11,7 @@ Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -118,7 +118,8 @@ def _node_devices(call: Call, devices) -> list[torch.device]:
     """Under an external launcher, devices='auto' means one device per process the launcher started on this node."""
     if not call.external or devices not in ("auto", None) or call.accelerator == "mps":
         return call.devices
-    per_node = max(call.environment.world_size() // max(call.num_nodes, 1), 1)
+    environment = call.environment
+    per_node = environment.local_world_size() or max(environment.world_size() // call.num_nodes, 1)
     if call.accelerator == "cuda":
         return [torch.device("cuda", i) for i in range(min(per_node, torch.cuda.device_count()))]
     return [torch.device("cpu")] * per_node
@@ -129,17 +130,17 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     """The Strategy for this call, configured for this process."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
-    if not isinstance(strategy, Strategy):
-        name = strategy_name(strategy)   # a bad name is reported before anything else is looked at
+    name = None if isinstance(strategy, Strategy) else strategy_name(strategy)  # a bad name is reported first
     resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
-    call = Call(call.accelerator, _node_devices(call, devices), num_nodes, call.environment,
-                process_group_backend, call.interactive)
-    call.environment.validate(num_nodes, len(call.devices))
-    if isinstance(strategy, Strategy):
-        return _configure(strategy, call)
     if name == "auto":
         name = auto_strategy_name(call)
+    one_process_per_node = name == "ddp2" or getattr(strategy, "name", None) == "ddp2"
+    if not one_process_per_node:
+        call = replace(call, devices=_node_devices(call, devices))
+    call.environment.validate(num_nodes, 1 if one_process_per_node else len(call.devices))
+    if name is None:
+        return _configure(strategy, call)
     _check_conflicts(name, call)
     return _configure(STRATEGIES[name](call), call)
 

@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from typing import Any, Callable
 
 import torch
+from torch.multiprocessing.spawn import ProcessException
 
 from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
 from easyfit.distributed.pickling import check_picklable
@@ -68,15 +68,15 @@ def _die_with_parent() -> None:
 class ScriptLauncher:
     """Starts local ranks 1..N-1 as copies of the running script, once per program; this process is local rank 0.
 
-    The children live until the script ends, so later fit / evaluate / predict calls reuse them. A watcher thread
-    interrupts this process as soon as a child fails; the error raised names the rank and carries its traceback.
+    The children live until the script ends, so later fit / evaluate / predict calls reuse them. When a child fails,
+    this rank's next collective fails too (the peer's connections close); the error raised then names the failed
+    rank and carries its traceback. A stuck (not dead) peer ends in the process group's timeout.
     """
 
     rank_zero_in_caller = True
     _children: dict[int, subprocess.Popen] = {}
     _error_files: dict[int, str] = {}
     _world: tuple | None = None
-    _failure: RankFailedError | None = None
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -118,51 +118,49 @@ class ScriptLauncher:
                    ERROR_FILE_VARIABLE: error_file.name}
             ScriptLauncher._error_files[local_rank] = error_file.name
             ScriptLauncher._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
-        threading.Thread(target=_watch_children, name="easyfit-rank-watcher", daemon=True).start()
         atexit.register(_wait_for_children_at_exit)
 
     @staticmethod
     def _wait_for_child_failure(error: BaseException, seconds: float = 5.0) -> RankFailedError | None:
-        """After an error here, give a failing child a moment to report: its error is the original one."""
-        deadline = time.monotonic() + (seconds if not isinstance(error, KeyboardInterrupt) else 0.5)
-        while time.monotonic() < deadline:
-            if ScriptLauncher._failure is not None:
-                return ScriptLauncher._failure
-            if all(child.poll() is None for child in ScriptLauncher._children.values()):
-                # nobody died: if the error came from a collective, a peer may still be about to fail
-                if not _looks_like_peer_error(error):
-                    return None
+        """After an error here that a dead peer explains, give the failing child a moment to exit:
+        its error is the original one."""
+        deadline = time.monotonic() + (seconds if _looks_like_peer_error(f"{type(error).__name__}: {error}") else 0)
+        while not _child_failures() and time.monotonic() < deadline:
             time.sleep(WATCH_INTERVAL)
-        return ScriptLauncher._failure
+        time.sleep(WATCH_INTERVAL)   # let a second failing rank finish writing its traceback
+        return root_cause(_child_failures())
 
 
-def _looks_like_peer_error(error: BaseException) -> bool:
-    text = f"{type(error).__name__}: {error}".lower()
-    return isinstance(error, KeyboardInterrupt) or any(
-        word in text for word in ("connection", "gloo", "nccl", "closed", "reset by peer", "timed out", "timeout"))
+def _looks_like_peer_error(text: str) -> bool:
+    """Errors that a collective raises when a peer went away: consequences, not causes."""
+    text = text.lower()
+    return any(word in text for word in ("connection closed", "connection reset", "connection refused",
+                                         "reset by peer", "broken pipe", "gloo", "nccl", "timed out"))
 
 
-def _child_failure(local_rank: int, child: subprocess.Popen) -> RankFailedError:
+def rank_failure(rank: int, exitcode: int | None, error_file: str | None) -> RankFailedError | None:
+    """What went wrong in a finished rank, from its exit code and the traceback it wrote; None if it succeeded."""
+    if exitcode in (None, 0):
+        return None
     details = ""
-    error_file = ScriptLauncher._error_files.get(local_rank)
     if error_file and os.path.exists(error_file):
         with open(error_file, encoding="utf-8", errors="replace") as file:
             details = file.read().strip()
-    if child.returncode < 0:
-        details = details or f"killed by signal {signal.Signals(-child.returncode).name}"
-    return RankFailedError(local_rank, details or f"exited with code {child.returncode} (see its output above)")
+    if exitcode < 0:
+        details = details or f"killed by signal {signal.Signals(-exitcode).name}"
+    return RankFailedError(rank, details or f"exited with code {exitcode} (see its output above)")
 
 
-def _watch_children() -> None:
-    """Poll the children; on the first failure, record it and interrupt the main thread."""
-    while ScriptLauncher._children:
-        for local_rank, child in list(ScriptLauncher._children.items()):
-            if child.poll() not in (None, 0) and ScriptLauncher._failure is None:
-                ScriptLauncher._failure = _child_failure(local_rank, child)
-                import _thread
-                _thread.interrupt_main()
-                return
-        time.sleep(WATCH_INTERVAL)
+def root_cause(failures: list[RankFailedError]) -> RankFailedError | None:
+    """The failure that caused the others: not a lost peer connection, not the SIGTERM sent to stop a rank."""
+    causes = [f for f in failures if not _looks_like_peer_error(f.details) and "SIGTERM" not in f.details]
+    return (causes or failures or [None])[0]
+
+
+def _child_failures() -> list[RankFailedError]:
+    failures = (rank_failure(rank, child.poll(), ScriptLauncher._error_files.get(rank))
+                for rank, child in ScriptLauncher._children.items())
+    return [failure for failure in failures if failure is not None]
 
 
 def stop_children() -> None:
@@ -190,18 +188,16 @@ def _forget_children() -> None:
 
 def _wait_for_children_at_exit() -> None:
     """At the end of rank 0's script, wait for the other ranks to finish theirs, and report a failure."""
-    children = dict(ScriptLauncher._children)
-    for child in children.values():
+    for child in ScriptLauncher._children.values():
         try:
             child.wait(timeout=600)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    failed = [(rank, child) for rank, child in children.items() if child.returncode != 0]
-    if failed and ScriptLauncher._failure is None:
-        print(str(_child_failure(*failed[0])), file=sys.stderr, flush=True)
+    failure = root_cause(_child_failures())
     _forget_children()
-    if failed:
+    if failure is not None:
+        print(str(failure), file=sys.stderr, flush=True)
         os._exit(1)
 
 
@@ -241,40 +237,48 @@ class ProcessLauncher:
         os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
         context = torch.multiprocessing.get_context(self.start_method)
         results = context.SimpleQueue()
-        processes = torch.multiprocessing.start_processes(
-            _run_rank, args=(self.strategy, function, args, kwargs, results), nprocs=self.strategy.num_processes,
-            join=False, start_method=self.start_method)
-        try:
-            while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
-                pass
-        except torch.multiprocessing.ProcessException as error:
-            raise RankFailedError(error.error_index, _strip_process_header(str(error))) from None
-        except BaseException:
-            for process in processes.processes:
-                if process.is_alive():
-                    process.terminate()
-            for process in processes.processes:
-                process.join(TERMINATE_GRACE_SECONDS)
-                if process.is_alive():
-                    process.kill()
-            raise
+        with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as error_dir:
+            processes = torch.multiprocessing.start_processes(
+                _run_rank, args=(self.strategy, function, args, kwargs, results, error_dir),
+                nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
+            try:
+                while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
+                    pass
+            except ProcessException as error:
+                failures = [rank_failure(rank, process.exitcode, os.path.join(error_dir, str(rank)))
+                            for rank, process in enumerate(processes.processes)]
+                cause = root_cause([failure for failure in failures if failure is not None])
+                raise (cause or RankFailedError(error.error_index, str(error))) from None
+            except BaseException:
+                _stop_processes(processes.processes)
+                raise
         return torch.load(io.BytesIO(results.get()), weights_only=False)
 
 
-def _run_rank(local_rank: int, strategy, function: Callable, args: tuple, kwargs: dict, results) -> None:
-    """The body of a spawned / forked rank."""
+def _stop_processes(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(TERMINATE_GRACE_SECONDS)
+        if process.is_alive():
+            process.kill()
+
+
+def _run_rank(local_rank: int, strategy, function: Callable, args: tuple, kwargs: dict, results,
+              error_dir: str) -> None:
+    """The body of a spawned / forked rank: run, hand back rank 0's result, or leave the traceback behind."""
     strategy.set_local_rank(local_rank)
-    result = function(*args, **kwargs)
+    try:
+        result = function(*args, **kwargs)
+    except BaseException:
+        with open(os.path.join(error_dir, str(local_rank)), "w", encoding="utf-8") as file:
+            file.write(traceback.format_exc())
+        raise
     if local_rank == 0:
         buffer = io.BytesIO()
         torch.save(result, buffer)
         results.put(buffer.getvalue())
-
-
-def _strip_process_header(text: str) -> str:
-    """torch's message starts with a '-- Process N terminated ...' line; the rank is in RankFailedError."""
-    lines = text.strip().splitlines()
-    return "\n".join(lines[1:] if lines and lines[0].startswith("-- Process") else lines).strip()
 
 
 def _check_fork_allowed() -> None:

@@ -1,15 +1,17 @@
 """A training script run as a real program by the distributed tests (each rank runs it or a copy of it).
 
-Usage: python train.py OUT_DIR STRATEGY [--lr 0.05] [--lr-scaling linear|none] [--fail-rank R --fail-step S]
+Usage: python train.py OUT_DIR STRATEGY [--lr 0.05] [--lr-scaling linear|none]
+                                        [--fail-rank R --fail-step S --fail-mode raise|kill|hang]
                                         [--num-nodes N] [--devices D] [--epochs E]
 Rank 0 writes OUT_DIR/result.pt: trained weights, history, evaluate() and predict() results.
 """
 import argparse
 import os
+import signal
 import sys
+import time
 
 import torch
-from torch import nn
 
 import easyfit
 from easyfit.callbacks import Callback
@@ -19,14 +21,20 @@ from common import make_data, make_net  # noqa: E402
 
 
 class FailAt(Callback):
-    """Raise on one rank at one step, to test that every rank stops."""
+    """On one rank at one step: raise, die by SIGKILL, or hang, to test that every rank stops."""
 
-    def __init__(self, rank: int, step: int):
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, mode: str):
+        self.rank, self.step, self.mode = rank, step, mode
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.model.global_rank == self.rank and batch == self.step:
-            raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
+        if self.model.global_rank != self.rank or batch != self.step:
+            return
+        print(f"FAILING_AT {time.time()}", file=sys.stderr, flush=True)
+        if self.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.mode == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
 
 
 class RecordSeen(Callback):
@@ -50,6 +58,7 @@ def main() -> None:
     parser.add_argument("--lr-scaling", default="none")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=3)
+    parser.add_argument("--fail-mode", choices=("raise", "kill", "hang"), default="raise")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
@@ -58,7 +67,7 @@ def main() -> None:
     x, y = make_data()
     net = make_net()
     model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=args.lr), metrics=["accuracy"])
-    callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step)] if args.fail_rank >= 0 else [])
+    callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step, args.fail_mode)] if args.fail_rank >= 0 else [])
     run = dict(devices=args.devices, accelerator="cpu", strategy=args.strategy, num_nodes=args.num_nodes)
     history = model.fit(x, y, epochs=args.epochs, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks,
                         lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling, **run)

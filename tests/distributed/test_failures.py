@@ -1,0 +1,82 @@
+"""A failure in any rank stops every rank promptly, with the failing rank's original traceback; nothing is orphaned."""
+from __future__ import annotations
+
+import re
+import signal
+import time
+import uuid
+
+import pytest
+
+from runner import processes_running, run_script, start_script
+
+pytestmark = pytest.mark.timeout(240)
+LAUNCHERS = ["ddp", "ddp_spawn", "ddp_fork"]
+
+
+def _marker_env() -> dict:
+    return {"EASYFIT_TEST_MARKER": uuid.uuid4().hex}
+
+
+def _failure_time(stderr: str) -> float:
+    match = re.search(r"FAILING_AT ([0-9.]+)", stderr)
+    assert match, stderr[-3000:]
+    return float(match.group(1))
+
+
+def _assert_no_orphans(env: dict) -> None:
+    deadline = time.monotonic() + 5
+    while processes_running(env["EASYFIT_TEST_MARKER"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_running(env["EASYFIT_TEST_MARKER"]) == []
+
+
+@pytest.mark.parametrize("strategy", LAUNCHERS)
+def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_path):
+    env = _marker_env()
+    process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-step", "3", "--epochs", "50", env=env)
+    finished = time.time()
+    assert process.returncode != 0
+    assert "rank 1 failed" in process.stderr
+    assert "deliberate failure on rank 1 at step 3" in process.stderr
+    assert "Traceback" in process.stderr and "on_train_batch_end" in process.stderr
+    assert finished - _failure_time(process.stderr) < 10
+    _assert_no_orphans(env)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path):
+    env = _marker_env()
+    process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "kill", "--epochs", "50", env=env)
+    finished = time.time()
+    assert process.returncode != 0
+    assert "rank 1 failed" in process.stderr and "SIGKILL" in process.stderr
+    assert finished - _failure_time(process.stderr) < 10
+    _assert_no_orphans(env)
+
+
+def test_exception_in_rank_0_stops_the_other_ranks(tmp_path):
+    env = _marker_env()
+    process = run_script(tmp_path, "ddp", "--fail-rank", "0", "--epochs", "50", env=env)
+    assert process.returncode != 0
+    assert "deliberate failure on rank 0 at step 3" in process.stderr
+    assert time.time() - _failure_time(process.stderr) < 10
+    _assert_no_orphans(env)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path):
+    env = _marker_env()
+    process = start_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "hang", "--epochs", "50", env=env)
+    try:
+        stderr = ""
+        while "FAILING_AT" not in stderr:
+            line = process.stderr.readline()
+            assert line, "the script ended before rank 1 reached the hang"
+            stderr += line
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode != 0
+    _assert_no_orphans(env)
