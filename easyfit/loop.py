@@ -164,10 +164,10 @@ class Loop:
                 callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
             if model.stop_training:
                 break
-        if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
-            self._optimizer_step()
         if tracker.folded_count == 0 and not tracker.losses:
             raise ValueError("the training data yielded no batches; pass at least one sample")
+        if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
+            self._optimizer_step()
         logs = {"loss": tracker.global_mean(strategy)}
         logs.update(metrics.compute())
         return logs

@@ -53,16 +53,19 @@ def test_optimizer_over_another_nets_parameters(make_net):
     assert "do not belong to the net" in message and "net.parameters()" in message
 
 
-EMPTY_CASES = [(method, data) for method in ("fit", "evaluate", "predict") for data in ("tensors", "dataset", "list")
-               if (method, data) != ("predict", "list")]   # an empty iterable of batches predicts nothing
+EMPTY_CASES = [(method, data) for method in ("fit", "evaluate", "predict")
+               for data in ("tensors", "dataset", "list", "generator")
+               if method != "predict" or data in ("tensors", "dataset")]   # an empty iterable predicts nothing
 
 
 @pytest.mark.parametrize("method, data", EMPTY_CASES)
 def test_empty_data(method, data, make_net):
     args = {"tensors": (torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), "dataset": (EmptyDataset(),),
-            "list": ([],)}[data]
+            "list": ([],), "generator": (iter([]),)}[data]
     model = easyfit.Model(make_net())
-    message = error_message(ValueError, getattr(model, method), *args[:1 if method == "predict" else 2], verbose=0)
+    fit_options = {"gradient_accumulation_steps": 2} if method == "fit" else {}
+    message = error_message(ValueError, getattr(model, method), *args[:1 if method == "predict" else 2], verbose=0,
+                            **fit_options)
     assert "0 samples" in message or "no batches" in message
     assert "at least one sample" in message
 
