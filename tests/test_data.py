@@ -83,18 +83,20 @@ def data_forms(x, y) -> dict:
 FORMS = list(data_forms(torch.zeros(1, 1), torch.zeros(1)))
 
 
-def fitted(net, args, kwargs, epochs=2) -> easyfit.Model:
+def fitted(net, args, kwargs, shuffle=False) -> easyfit.Model:
     model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.1)
-    model.fit(*args, **{"batch_size": 8, "epochs": epochs, "shuffle": False, "verbose": 0, **kwargs})
+    model.fit(*args, **{"batch_size": 8, "epochs": 2, "shuffle": shuffle, "verbose": 0, **kwargs})
     return model
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_fit_gives_the_same_weights_for_every_data_form(form, make_net, classification):
+@pytest.mark.parametrize("form, shuffle", [(form, False) for form in FORMS] + [
+    (form, True) for form in ("numpy_float64", "tensor_dataset", "tuple_dataset", "dict_dataset")])
+def test_fit_gives_the_same_weights_for_every_data_form(form, shuffle, make_net, classification):
+    """Shuffled in-memory data and datasets see the same order: EpochSampler's."""
     x, y = classification
-    expected = fitted(make_net(), (x, y), {}).net.state_dict()
+    expected = fitted(make_net(), (x, y), {}, shuffle).net.state_dict()
     args, kwargs = data_forms(x, y)[form]
-    model = fitted(make_net(), args, kwargs)
+    model = fitted(make_net(), args, kwargs, shuffle)
     torch.testing.assert_close(model.net.state_dict(), expected, atol=1e-6, rtol=0)
     assert all(p.dtype == torch.float32 for p in model.net.parameters())
 
