@@ -42,7 +42,7 @@ def _single(call: Call) -> Strategy:
     if len(call.devices) > 1 or call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
         raise ValueError(f"strategy='single' runs one process on one device, but this call asks for "
                          f"{len(call.devices)} device(s) × {call.num_nodes} node(s) (or was started by a launcher "
-                         "with several processes). Use strategy='ddp' or 'auto', or devices=1.")
+                         "with several processes). Use strategy='ddp' or 'auto', or devices=1 and num_nodes=1.")
     return SingleDeviceStrategy(call.devices[0])
 
 
@@ -138,11 +138,11 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     one_process_per_node = name == "ddp2" or getattr(strategy, "name", None) == "ddp2"
     if not one_process_per_node:
         call = replace(call, devices=_node_devices(call, devices))
+    if name is not None:   # the chosen strategy's own conflicts first: their fix is the one that matters
+        _check_conflicts(name, call)
+        strategy = STRATEGIES[name](call)
     call.environment.validate(num_nodes, 1 if one_process_per_node else len(call.devices))
-    if name is None:
-        return _configure(strategy, call)
-    _check_conflicts(name, call)
-    return _configure(STRATEGIES[name](call), call)
+    return _configure(strategy, call)
 
 
 def _configure(strategy: Strategy, call: Call) -> Strategy:
