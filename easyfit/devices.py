@@ -71,7 +71,10 @@ def is_interactive() -> bool:
     if hasattr(sys, "ps1") or sys.flags.interactive:
         return True
     main = sys.modules.get("__main__")
-    return main is not None and not hasattr(main, "__file__")
+    if main is None:
+        return False
+    main_file = getattr(main, "__file__", None)
+    return main_file is None or main_file.startswith("<")   # `python -` (code on stdin) names it '<stdin>'
 
 
 def parse_devices(devices, accelerator: str, interactive: bool | None = None) -> tuple[str, list[torch.device]]:
