@@ -92,12 +92,15 @@ class TensorBatches:
         return math.ceil(len(self.sampler) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        indices = sampler_indices(self.sampler)
-        tensors, batch_size = self.tensors, self.batch_size
-        for start in range(0, len(indices), batch_size):
-            idx = indices[start:start + batch_size]
-            batch = tuple(t[idx] for t in tensors)
-            yield batch if self.on_device else move_to_device(batch, self.device)
+        indices, tensors = sampler_indices(self.sampler), self.tensors
+        if len(indices) == 0:   # e.g. a rank with no share of a tiny evaluation set: no batches at all
+            return
+        if self.on_device:   # indices on the tensors' device: one gather per tensor, no per-step index copy
+            for idx in indices.to(self.device).split(self.batch_size):
+                yield tuple([t.index_select(0, idx) for t in tensors])
+        else:
+            for idx in indices.split(self.batch_size):
+                yield move_to_device(tuple([t[idx] for t in tensors]), self.device)
 
 
 class LoaderBatches:
@@ -333,4 +336,4 @@ def batch_length(batch: Any) -> int:
             batch = batch[0]
         else:
             return 1
-    return len(batch) if batch.dim() else 1
+    return batch.shape[0] if batch.dim() else 1

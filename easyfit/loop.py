@@ -15,6 +15,10 @@ from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
 
 
+#: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
+SYNC = contextlib.nullcontext()
+
+
 @dataclass
 class StepSettings:
     gradient_accumulation_steps: int = 1
@@ -137,6 +141,7 @@ class Loop:
         callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
         accumulate = self.settings.gradient_accumulation_steps
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
+        has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
         num_batches = len(batches) if _has_length(batches) else None
         net.train()
@@ -146,8 +151,8 @@ class Loop:
                 callbacks.call("on_train_batch_begin", step, None)
             inputs, target = split_batch(precision.convert_input(batch))
             boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
-            with (contextlib.nullcontext() if boundary else strategy.no_sync(net)):
-                with precision.autocast():
+            with (SYNC if boundary else strategy.no_sync(net)):
+                with autocast:
                     output = call_net(net, inputs)
                     if not self.targets_checked:
                         self._check_first_batch(output, target)
@@ -158,7 +163,7 @@ class Loop:
             loss = loss.detach()
             size = batch_length(target if target is not None else inputs)
             tracker.add(loss, size)
-            if metrics:
+            if has_metrics:
                 metrics.update(output, target)
             if batch_end:
                 callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))

@@ -1,0 +1,209 @@
+"""easyfit's per-step overhead against a hand-written PyTorch loop, on the same data in the same process.
+
+    python benchmarks/overhead.py [--quick] [--repeats N] [--threads T] [--clock wall|thread]
+
+Both sides train the same architecture from the same initial weights on the same in-memory tensors. Epochs
+are interleaved in rounds (hand, easyfit, then easyfit, hand, ...) so that a change in machine load hits both
+alike. Each epoch is timed whole and divided by its number of steps; easyfit's epochs are timed by a callback
+at on_epoch_begin / on_epoch_end, so fit's one-off setup is reported apart. The table shows the median
+seconds per step of each side and the median over rounds of easyfit's time / the hand-written time.
+
+Workloads and bars (easyfit / hand-written):
+  W1 tiny            MLP 32-64-10, 20,000 samples, batch 64, SGD          <= 1.05 (progress bar off)
+  W1 tiny, bar on    the same with verbose=1, the bar drawn to a null stream   reported only
+  W2 compute-bound   MLP 784-1024-1024-10, batch 128, Adam                <= 1.01
+
+On a busy machine, `--clock thread` times the CPU time of this thread instead of wall time (with one torch
+thread all the work runs on it), which does not count the time spent waiting for a core.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import Callback
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+@dataclass
+class Workload:
+    name: str
+    sizes: tuple[int, ...]
+    samples: int
+    batch_size: int
+    optimizer: Callable[[list], torch.optim.Optimizer]
+    verbose: int
+    bar: float | None
+
+    @property
+    def steps(self) -> int:
+        return -(-self.samples // self.batch_size)
+
+
+def sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01)
+
+
+def adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def workloads(quick: bool) -> list[Workload]:
+    w2_samples = 1024 if quick else 2048
+    return [
+        Workload("W1 tiny", (32, 64, 10), 20_000, 64, sgd, verbose=0, bar=1.05),
+        Workload("W1 tiny, bar on", (32, 64, 10), 20_000, 64, sgd, verbose=1, bar=None),
+        Workload("W2 compute-bound", (784, 1024, 1024, 10), w2_samples, 128, adam, verbose=0, bar=1.01),
+    ]
+
+
+def mlp(sizes: tuple[int, ...]) -> nn.Module:
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in zip(sizes, sizes[1:]):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class HandWritten:
+    """The fast loop a careful user writes: a shuffled permutation per epoch and whole batches indexed out."""
+
+    def __init__(self, net: nn.Module, work: Workload, x: torch.Tensor, y: torch.Tensor, clock: Callable[[], float]):
+        self.net, self.optimizer, self.x, self.y = net, work.optimizer(net.parameters()), x, y
+        self.batch_size, self.clock = work.batch_size, clock
+        self.generator = torch.Generator().manual_seed(0)
+
+    def epoch(self) -> float:
+        """Train one epoch; its duration in seconds."""
+        net, optimizer, x, y, batch_size = self.net, self.optimizer, self.x, self.y, self.batch_size
+        started = self.clock()
+        net.train()
+        order = torch.randperm(len(x), generator=self.generator)
+        for start in range(0, len(x), batch_size):
+            idx = order[start:start + batch_size]
+            loss = F.cross_entropy(net(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return self.clock() - started
+
+
+class EpochTimer(Callback):
+    """The duration of the last training epoch (set at on_epoch_end)."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.started = self.seconds = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.started = self.clock()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds = self.clock() - self.started
+
+
+class EasyfitRun:
+    """easyfit.Model.fit over the same tensors, one epoch per call, its output sent to a null stream."""
+
+    def __init__(self, net: nn.Module, work: Workload, x: torch.Tensor, y: torch.Tensor, clock: Callable[[], float]):
+        self.model = easyfit.Model(net, "cross_entropy", work.optimizer)
+        self.work, self.x, self.y, self.clock = work, x, y, clock
+        self.setup_seconds: list[float] = []
+
+    def epoch(self) -> float:
+        """Train one epoch; its duration in seconds (fit's setup and teardown are kept in setup_seconds)."""
+        timer = EpochTimer(self.clock)
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+            started = self.clock()
+            self.model.fit(self.x, self.y, epochs=1, batch_size=self.work.batch_size, verbose=self.work.verbose,
+                           callbacks=[timer], lr_scaling=None)
+            self.setup_seconds.append(self.clock() - started - timer.seconds)
+        return timer.seconds
+
+
+@dataclass
+class Result:
+    work: Workload
+    hand: float     # median seconds per step
+    easyfit: float
+    ratio: float    # median over rounds of easyfit / hand
+    setup: float    # median seconds of fit's work outside the epoch, per call
+
+    @property
+    def verdict(self) -> str:
+        if self.work.bar is None:
+            return "reported"
+        return "PASS" if self.ratio <= self.work.bar else "FAIL"
+
+
+def measure(work: Workload, rounds: int, clock: Callable[[], float]) -> Result:
+    """`rounds` interleaved pairs of epochs (hand-written and easyfit) after one warm-up epoch each."""
+    torch.manual_seed(0)
+    x = torch.randn(work.samples, work.sizes[0])
+    y = torch.randint(0, work.sizes[-1], (work.samples,))
+    hand_net, easy_net = mlp(work.sizes), mlp(work.sizes)
+    easy_net.load_state_dict(hand_net.state_dict())
+    hand, easy = HandWritten(hand_net, work, x, y, clock), EasyfitRun(easy_net, work, x, y, clock)
+    hand.epoch(), easy.epoch()   # warm-up: allocator, kernels, lazy imports
+    easy.setup_seconds.clear()
+    hand_times, easy_times = [], []
+    for round_ in range(rounds):
+        if round_ % 2 == 0:   # hand first, then easyfit first: a trend in machine load favours neither
+            hand_times.append(hand.epoch())
+            easy_times.append(easy.epoch())
+        else:
+            easy_times.append(easy.epoch())
+            hand_times.append(hand.epoch())
+    ratio = statistics.median(e / h for e, h in zip(easy_times, hand_times))
+    return Result(work, statistics.median(hand_times) / work.steps, statistics.median(easy_times) / work.steps,
+                  ratio, statistics.median(easy.setup_seconds))
+
+
+def print_table(results: list[Result]) -> None:
+    header = (f"{'workload':<18} {'hand s/step':>12} {'easyfit s/step':>15} {'ratio':>7} {'bar':>6}  "
+              f"{'verdict':<9}fit setup")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        bar = f"{r.work.bar:.2f}" if r.work.bar is not None else "-"
+        print(f"{r.work.name:<18} {r.hand:>12.3e} {r.easyfit:>15.3e} {r.ratio:>7.3f} {bar:>6}  {r.verdict:<9}"
+              f"{r.setup * 1e3:.1f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="easyfit's per-step overhead against a hand-written PyTorch loop")
+    parser.add_argument("--quick", action="store_true", help="5 rounds and a smaller W2: a smoke run")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per workload (default 30)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (needs --threads 1)")
+    args = parser.parse_args()
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread measures one thread's CPU time; use it with --threads 1")
+    rounds = args.repeats or (5 if args.quick else 30)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, easyfit {easyfit.__version__}, torch threads {torch.get_num_threads()}, "
+          f"{os.cpu_count()} CPUs, {args.clock} clock, {rounds} interleaved rounds of one epoch per side")
+    results = []
+    for work in workloads(args.quick):
+        results.append(measure(work, rounds, CLOCKS[args.clock]))
+        print(f"  {work.name}: {work.steps} steps per epoch, done", flush=True)
+    print()
+    print_table(results)
+    failed = [r.work.name for r in results if r.verdict == "FAIL"]
+    print(f"\nverdict: {'every bar met' if not failed else 'over the bar: ' + ', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
