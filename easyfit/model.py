@@ -316,11 +316,14 @@ class Model:
         batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler)
         outputs = self._eval_loop(verbose, callbacks).predict(batches)
-        if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
-            return outputs
-        local = torch.cat(outputs)
+        tensors = all(isinstance(output, torch.Tensor) for output in outputs)
         if strategy.world_size == 1 or not getattr(batches, "sharded", False):
-            return local
+            return torch.cat(outputs) if outputs and tensors else outputs
+        if not tensors:
+            raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "
+                            f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
+                            "predict with strategy='single' (or devices=1) instead")
+        local = torch.cat(outputs) if outputs else torch.empty(0)
         return interleave(strategy.all_gather(local))
 
 

@@ -11,6 +11,7 @@ import atexit
 import ctypes
 import io
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -231,15 +232,22 @@ class ProcessLauncher:
     def launch(self, function: Callable, *args, **kwargs) -> Any:
         if self.start_method == "fork":
             _check_fork_allowed()
-        else:
-            check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
         os.environ["MASTER_ADDR"] = self.strategy.environment.main_address
         os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
         context = torch.multiprocessing.get_context(self.start_method)
         results = context.SimpleQueue()
+        work = (self.strategy, function, args, kwargs)
+        if self.start_method == "spawn":
+            # plain pickling gives each rank its own copy: torch's process pickler would put the net's tensors in
+            # memory shared by all ranks, and every rank's optimizer step would then land on the same weights
+            try:
+                work = pickle.dumps(work)
+            except Exception:
+                check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
+                raise
         with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as error_dir:
             processes = torch.multiprocessing.start_processes(
-                _run_rank, args=(self.strategy, function, args, kwargs, results, error_dir),
+                _run_rank, args=(work, results, error_dir),
                 nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
             try:
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
@@ -265,11 +273,11 @@ def _stop_processes(processes) -> None:
             process.kill()
 
 
-def _run_rank(local_rank: int, strategy, function: Callable, args: tuple, kwargs: dict, results,
-              error_dir: str) -> None:
+def _run_rank(local_rank: int, work: tuple | bytes, results, error_dir: str) -> None:
     """The body of a spawned / forked rank: run, hand back rank 0's result, or leave the traceback behind."""
-    strategy.set_local_rank(local_rank)
     try:
+        strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
+        strategy.set_local_rank(local_rank)
         result = function(*args, **kwargs)
     except BaseException:
         with open(os.path.join(error_dir, str(local_rank)), "w", encoding="utf-8") as file:

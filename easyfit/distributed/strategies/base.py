@@ -9,6 +9,7 @@ from torch.utils.data import Sampler
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.data import EpochSampler, EvalSampler
+from easyfit.optimizers import align_state
 from easyfit.precision import Precision
 
 
@@ -52,8 +53,10 @@ class Strategy:
             torch.cuda.set_device(self.root_device)
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        """Move the net to the device and wrap it for the backend. Returns (net, optimizer)."""
+        """Move the net (and the optimizer's state) to the device and wrap it for the backend.
+        Returns (net, optimizer)."""
         net.to(self.root_device)
+        align_state(optimizer)
         return net, optimizer
 
     def unwrap(self, net: torch.nn.Module) -> torch.nn.Module:

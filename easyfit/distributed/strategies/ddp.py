@@ -135,18 +135,18 @@ class ParallelStrategy(Strategy):
         return result / self.world_size if op == "mean" else result
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's tensor; they may differ in their first dimension (padded for the transfer)."""
+        """Every rank's tensor. Their first dimensions may differ, and a rank may hold none (an empty tensor of any
+        shape): the tensors are padded to the longest for the transfer and trimmed after."""
         device = torch.device("cuda", torch.cuda.current_device()) if self.process_group_backend == "nccl" \
             else torch.device("cpu")
-        local = tensor.to(device)
-        sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
-        dist.all_gather(sizes, torch.tensor([len(local)], device=device))
-        longest = int(max(size.item() for size in sizes))
-        padded = local.new_zeros((longest, *local.shape[1:]))
-        padded[:len(local)] = local
-        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        meta = [None] * self.world_size
+        dist.all_gather_object(meta, (len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
+        trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
+        padded = torch.zeros((max(length for length, _, _ in meta), *trailing), dtype=dtype, device=device)
+        padded[:len(tensor)] = tensor.to(device)
+        gathered = [torch.empty_like(padded) for _ in meta]
         dist.all_gather(gathered, padded)
-        return [part[:int(size.item())].to(tensor.device) for part, size in zip(gathered, sizes)]
+        return [part[:length].to(tensor.device) for part, (length, _, _) in zip(gathered, meta)]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         holder = [obj]
@@ -184,7 +184,7 @@ class DDPStrategy(ParallelStrategy):
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
         if self.sync_batchnorm:
             net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
-        net.to(self.root_device)
+        net, optimizer = super().setup(net, optimizer)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
                                           find_unused_parameters=self.find_unused_parameters)

@@ -34,7 +34,7 @@ class DDP2Strategy(ParallelStrategy):
         return "nodes" if self.batch_factor != 1 else "node"
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        net.to(self.root_device)
+        net, optimizer = super().setup(net, optimizer)
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
         self._params = [p for p in net.parameters() if p.requires_grad]

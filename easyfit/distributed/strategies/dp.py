@@ -31,5 +31,5 @@ class DataParallelStrategy(Strategy):
         return f"process (split over {len(self.parallel_devices)} GPUs)"
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        net.to(self.root_device)
+        net, optimizer = super().setup(net, optimizer)
         return torch.nn.DataParallel(net, device_ids=[d.index for d in self.parallel_devices]), optimizer
