@@ -18,18 +18,12 @@ Write scripts with the guard and both strategies work.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from torch import nn
 
 import easyfit
 from quickstart import load_data
-
-
-def is_rank_zero() -> bool:
-    """True in the process that should print: the caller, or global rank 0 of an external launch."""
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
 
 
 def main() -> None:
@@ -47,7 +41,7 @@ def main() -> None:
               devices=2, accelerator="cpu", strategy=args.strategy)
     # evaluation is exact on several processes: each sample is counted once
     scores = model.evaluate(x_test, y_test, verbose=0, devices=2, accelerator="cpu", strategy=args.strategy)
-    if is_rank_zero():
+    if model.is_global_zero:   # with "ddp" this line runs in every rank: print once
         print(f"{args.strategy}: test accuracy {scores['accuracy']:.4f}")
 
 

@@ -39,3 +39,11 @@ def test_custom_callback_stops_early_and_samples_losses():
     assert 1 <= trained < 50
     assert re.search(r"epoch 1 step 0: batch loss [0-9.]+", output)
     assert printed_accuracy(output) > 0.8
+
+
+@pytest.mark.timeout(240)
+def test_ddp_example_trains_on_two_processes_and_prints_once():
+    output = run_example("ddp_cpu.py", "--epochs", "3", timeout=200)
+    assert "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)" in output
+    assert output.count("test accuracy") == 1
+    assert printed_accuracy(output) > 0.85
