@@ -137,7 +137,7 @@ class Loop:
         callbacks.call("on_train_end", None)
 
     def train_epoch(self, batches) -> dict[str, float]:
-        net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
+        net, strategy, precision = self.net, self.strategy, self.precision
         callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
         accumulate = self.settings.gradient_accumulation_steps
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")

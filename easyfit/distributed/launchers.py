@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import io
 import os
 import pickle
 import signal
@@ -23,10 +22,12 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing.spawn import ProcessException
 
+from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
 from easyfit.distributed.pickling import check_picklable
 
 ERROR_FILE_VARIABLE = "EASYFIT_ERROR_FILE"
+RESULT_FILE = "result.pt"
 WATCH_INTERVAL = 0.1
 TERMINATE_GRACE_SECONDS = 3.0
 
@@ -234,8 +235,6 @@ class ProcessLauncher:
             _check_fork_allowed()
         os.environ["MASTER_ADDR"] = self.strategy.environment.main_address
         os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
-        context = torch.multiprocessing.get_context(self.start_method)
-        results = context.SimpleQueue()
         work = (self.strategy, function, args, kwargs)
         if self.start_method == "spawn":
             # plain pickling gives each rank its own copy: torch's process pickler would put the net's tensors in
@@ -245,22 +244,22 @@ class ProcessLauncher:
             except Exception:
                 check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
                 raise
-        with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as error_dir:
+        with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as exchange_dir:
             processes = torch.multiprocessing.start_processes(
-                _run_rank, args=(work, results, error_dir),
+                _run_rank, args=(work, exchange_dir),
                 nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
             try:
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
                     pass
             except ProcessException as error:
-                failures = [rank_failure(rank, process.exitcode, os.path.join(error_dir, str(rank)))
+                failures = [rank_failure(rank, process.exitcode, os.path.join(exchange_dir, str(rank)))
                             for rank, process in enumerate(processes.processes)]
                 cause = root_cause([failure for failure in failures if failure is not None])
                 raise (cause or RankFailedError(error.error_index, str(error))) from None
             except BaseException:
                 _stop_processes(processes.processes)
                 raise
-        return torch.load(io.BytesIO(results.get()), weights_only=False)
+            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE))["result"]
 
 
 def _stop_processes(processes) -> None:
@@ -273,20 +272,19 @@ def _stop_processes(processes) -> None:
             process.kill()
 
 
-def _run_rank(local_rank: int, work: tuple | bytes, results, error_dir: str) -> None:
-    """The body of a spawned / forked rank: run, hand back rank 0's result, or leave the traceback behind."""
+def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str) -> None:
+    """The body of a spawned / forked rank: run, then rank 0 leaves its result in `exchange_dir`;
+    a failing rank leaves its traceback there instead."""
     try:
         strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
         strategy.set_local_rank(local_rank)
         result = function(*args, **kwargs)
     except BaseException:
-        with open(os.path.join(error_dir, str(local_rank)), "w", encoding="utf-8") as file:
+        with open(os.path.join(exchange_dir, str(local_rank)), "w", encoding="utf-8") as file:
             file.write(traceback.format_exc())
         raise
     if local_rank == 0:
-        buffer = io.BytesIO()
-        torch.save(result, buffer)
-        results.put(buffer.getvalue())
+        save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
 
 
 def _check_fork_allowed() -> None:
