@@ -135,11 +135,12 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
     if name == "auto":
         name = auto_strategy_name(call)
-    one_process_per_node = name == "ddp2" or getattr(strategy, "name", None) == "ddp2"
+    chosen = name or strategy.name
+    one_process_per_node = chosen == "ddp2"
     if not one_process_per_node:
         call = replace(call, devices=_node_devices(call, devices))
-    if name is not None:   # the chosen strategy's own conflicts first: their fix is the one that matters
-        _check_conflicts(name, call)
+    _check_conflicts(chosen, call)   # the chosen strategy's own conflicts first: their fix is the one that matters
+    if name is not None:
         strategy = STRATEGIES[name](call)
     call.environment.validate(num_nodes, 1 if one_process_per_node else len(call.devices))
     return _configure(strategy, call)
