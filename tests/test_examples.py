@@ -47,3 +47,11 @@ def test_ddp_example_trains_on_two_processes_and_prints_once():
     assert "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)" in output
     assert output.count("test accuracy") == 1
     assert printed_accuracy(output) > 0.85
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"```bash\n(.+?)\n```", readme)
+    test_command = next(command for command in commands if command.endswith("python -m pytest"))
+    ci_lines = (EXAMPLES.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test_command in ci_lines
