@@ -174,7 +174,7 @@ class Loop:
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         logs = {"loss": tracker.global_mean(strategy)}
-        logs.update(metrics.compute())
+        logs.update(metrics.compute(sync=self.strategy.world_size > 1))
         return logs
 
     def _check_first_batch(self, output, target) -> None:
@@ -232,7 +232,7 @@ class Loop:
             if batch_end:
                 callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
         logs = {"loss": tracker.global_mean(self.strategy)}
-        logs.update(metrics.compute())
+        logs.update(metrics.compute(sync=self.strategy.world_size > 1))
         callbacks.call("on_test_end", logs)
         net.train(was_training)
         return logs

@@ -119,10 +119,25 @@ class MetricSet:
         for metric in self.metrics.values():
             metric.update(output, target)
 
-    def compute(self) -> dict[str, float]:
-        """Epoch values, synced over all processes by torchmetrics."""
-        return {name: float(metric.compute()) for name, metric in self.metrics.items() if metric.update_called}
+    def compute(self, sync: bool = False) -> dict[str, float]:
+        """Epoch values; with `sync`, over all processes (torchmetrics gathers the states). Without it, a
+        one-process call stays local even while a process group from an earlier multi-process call is open."""
+        values = {}
+        for name, metric in self.metrics.items():
+            if metric.update_called:
+                metric.distributed_available_fn = _distributed_available if sync else _local_only
+                values[name] = float(metric.compute())
+        return values
 
     def reset(self) -> None:
         for metric in self.metrics.values():
             metric.reset()
+
+
+def _distributed_available() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def _local_only() -> bool:
+    return False

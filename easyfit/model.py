@@ -14,6 +14,7 @@ from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file
 from easyfit.data import check_batch_size, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
+from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.loop import Loop, StepSettings
 from easyfit.losses import closest_name, resolve_loss
@@ -96,6 +97,7 @@ class Model:
         self.metrics = MetricSet(metrics)
         self.history = History()
         self.strategy: Strategy = Strategy()
+        self._has_run = False
         self.stop_training = False
         self.completed_epochs = 0
         self._precision = Precision("32")
@@ -105,15 +107,16 @@ class Model:
     # --- identity (meaningful inside fit, in every process) -----------------------------
     @property
     def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
+        return self.global_rank == 0
 
     @property
     def global_rank(self) -> int:
-        return self.strategy.global_rank
+        """This process's rank: the last call's, or before any call, what the launcher of this process says."""
+        return self.strategy.global_rank if self._has_run else launch_identity()[0]
 
     @property
     def world_size(self) -> int:
-        return self.strategy.world_size
+        return self.strategy.world_size if self._has_run else launch_identity()[1]
 
     # --- public API ---------------------------------------------------------------------
     def fit(self, x=None, y=None, **kwargs) -> History:
@@ -222,7 +225,7 @@ class Model:
     def _in_process(self, strategy: Strategy, method: str, run: RunOptions, **inputs):
         """(result, state to hand back to the caller or None), for this rank."""
         strategy.setup_environment()
-        self.strategy = strategy
+        self.strategy, self._has_run = strategy, True
         self._precision = self._precision.for_run(run.precision, strategy.root_device)
         try:
             result = getattr(self, method)(run, **inputs)

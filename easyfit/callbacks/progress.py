@@ -83,7 +83,8 @@ class ProgressBar(EpochSummary):
             self._open(None, "Evaluate")
 
     def on_test_batch_end(self, batch, logs=None):
-        self._advance(logs)
+        if "epochs" not in self.params:   # fit's validation batches are not training steps
+            self._advance(logs)
 
     def on_test_end(self, logs=None):
         if "epochs" not in self.params:

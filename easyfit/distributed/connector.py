@@ -39,10 +39,10 @@ class Call:
 
 def _single(call: Call) -> Strategy:
     from easyfit.distributed.strategies.single import SingleDeviceStrategy
-    if len(call.devices) > 1 or call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
+    if len(call.devices) > 1 or call.num_nodes > 1:
         raise ValueError(f"strategy='single' runs one process on one device, but this call asks for "
-                         f"{len(call.devices)} device(s) × {call.num_nodes} node(s) (or was started by a launcher "
-                         "with several processes). Use strategy='ddp' or 'auto', or devices=1 and num_nodes=1.")
+                         f"{len(call.devices)} device(s) × {call.num_nodes} node(s). Use strategy='ddp' or 'auto', "
+                         "or devices=1 and num_nodes=1.")
     return SingleDeviceStrategy(call.devices[0])
 
 
@@ -136,13 +136,13 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     if name == "auto":
         name = auto_strategy_name(call)
     chosen = name or strategy.name
-    one_process_per_node = chosen == "ddp2"
-    if not one_process_per_node:
+    if chosen not in ("ddp2", "single"):   # those two use the devices asked for, not the launcher's processes
         call = replace(call, devices=_node_devices(call, devices))
     _check_conflicts(chosen, call)   # the chosen strategy's own conflicts first: their fix is the one that matters
     if name is not None:
         strategy = STRATEGIES[name](call)
-    call.environment.validate(num_nodes, 1 if one_process_per_node else len(call.devices))
+    if chosen != "single":   # 'single' may run alone among a launcher's ranks (e.g. a rank-local evaluation)
+        call.environment.validate(num_nodes, 1 if chosen == "ddp2" else len(call.devices))
     return _configure(strategy, call)
 
 

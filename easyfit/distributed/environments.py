@@ -398,3 +398,11 @@ def detect_environment() -> ClusterEnvironment:
         if environment.detect():
             return environment()
     return LocalEnvironment()
+
+
+def launch_identity() -> tuple[int, int]:
+    """(global rank, world size) of this process as its launcher says, or (0, 1) for a plain run."""
+    environment = detect_environment()
+    if environment.creates_processes_externally:
+        return environment.global_rank(), environment.world_size()
+    return 0, 1

@@ -11,10 +11,12 @@ import atexit
 import ctypes
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -26,7 +28,7 @@ from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
 from easyfit.distributed.pickling import check_picklable
 
-ERROR_FILE_VARIABLE = "EASYFIT_ERROR_FILE"
+EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
 RESULT_FILE = "result.pt"
 WATCH_INTERVAL = 0.1
 TERMINATE_GRACE_SECONDS = 3.0
@@ -70,14 +72,16 @@ def _die_with_parent() -> None:
 class ScriptLauncher:
     """Starts local ranks 1..N-1 as copies of the running script, once per program; this process is local rank 0.
 
-    The children live until the script ends, so later fit / evaluate / predict calls reuse them. When a child fails,
-    this rank's next collective fails too (the peer's connections close); the error raised then names the failed
-    rank and carries its traceback. A stuck (not dead) peer ends in the process group's timeout.
+    The children live until the script ends, so later fit / evaluate / predict calls reuse them. Until every child
+    has reached its first call, this rank waits while watching them, so a child that fails early stops the run at
+    once. After that, when a child fails, this rank's next collective fails too (the peer's connections close); the
+    error raised then names the failed rank and carries its traceback. A stuck (not dead) peer ends in the process
+    group's timeout. Ctrl-C here stops every child, even while this rank waits inside a collective.
     """
 
     rank_zero_in_caller = True
     _children: dict[int, subprocess.Popen] = {}
-    _error_files: dict[int, str] = {}
+    _exchange_dir: str | None = None
     _world: tuple | None = None
 
     def __init__(self, strategy):
@@ -89,6 +93,7 @@ class ScriptLauncher:
         if cls._world is None:
             self._start_children()
             cls._world = world
+            self._wait_until_children_ready()
         elif cls._world != world:
             raise RuntimeError(
                 f"this script already runs as {cls._world[0]} processes per node × {cls._world[1]} node(s); a "
@@ -112,15 +117,27 @@ class ScriptLauncher:
                     "NODE_RANK": str(strategy.node_rank), "LOCAL_WORLD_SIZE": str(strategy.num_processes),
                     LAUNCHED_RANK_VARIABLE: "1"}
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = base_env["MASTER_ADDR"], base_env["MASTER_PORT"]
+        ScriptLauncher._exchange_dir = base_env[EXCHANGE_DIR_VARIABLE] = tempfile.mkdtemp(prefix="easyfit-ranks-")
         for local_rank in range(1, strategy.num_processes):
-            error_file = tempfile.NamedTemporaryFile(prefix=f"easyfit-rank{local_rank}-", suffix=".txt", delete=False)
-            error_file.close()
             env = {**base_env, "LOCAL_RANK": str(local_rank),
-                   "RANK": str(strategy.node_rank * strategy.num_processes + local_rank),
-                   ERROR_FILE_VARIABLE: error_file.name}
-            ScriptLauncher._error_files[local_rank] = error_file.name
+                   "RANK": str(strategy.node_rank * strategy.num_processes + local_rank)}
             ScriptLauncher._children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
         atexit.register(_wait_for_children_at_exit)
+        _relay_interrupts_to_children()
+
+    def _wait_until_children_ready(self) -> None:
+        """Wait for every child to reach its first call, stopping everything if one fails on the way."""
+        deadline = time.monotonic() + self.strategy.timeout.total_seconds()
+        while not all(os.path.exists(_exchange_file("ready", rank)) for rank in ScriptLauncher._children):
+            failure = root_cause(_child_failures())
+            if failure is not None:
+                stop_children()
+                raise failure
+            if time.monotonic() > deadline:
+                stop_children()
+                raise RuntimeError(f"the other ranks did not reach their first fit / evaluate / predict call within "
+                                   f"{self.strategy.timeout}; every process must make the same calls")
+            time.sleep(WATCH_INTERVAL)
 
     @staticmethod
     def _wait_for_child_failure(error: BaseException, seconds: float = 5.0) -> RankFailedError | None:
@@ -159,8 +176,13 @@ def root_cause(failures: list[RankFailedError]) -> RankFailedError | None:
     return (causes or failures or [None])[0]
 
 
+def _exchange_file(kind: str, local_rank: int, directory: str | None = None) -> str:
+    """Where a child started by ScriptLauncher says it is ready ("ready") or leaves its traceback ("error")."""
+    return os.path.join(directory or ScriptLauncher._exchange_dir, f"{kind}-{local_rank}")
+
+
 def _child_failures() -> list[RankFailedError]:
-    failures = (rank_failure(rank, child.poll(), ScriptLauncher._error_files.get(rank))
+    failures = (rank_failure(rank, child.poll(), _exchange_file("error", rank))
                 for rank, child in ScriptLauncher._children.items())
     return [failure for failure in failures if failure is not None]
 
@@ -182,10 +204,33 @@ def stop_children() -> None:
 
 
 def _forget_children() -> None:
-    for error_file in ScriptLauncher._error_files.values():
-        if os.path.exists(error_file):
-            os.remove(error_file)
-    ScriptLauncher._children, ScriptLauncher._error_files = {}, {}
+    if ScriptLauncher._exchange_dir is not None:
+        shutil.rmtree(ScriptLauncher._exchange_dir, ignore_errors=True)
+    ScriptLauncher._children, ScriptLauncher._exchange_dir = {}, None
+
+
+def _relay_interrupts_to_children() -> None:
+    """Stop the children on Ctrl-C even while the main thread is blocked inside a collective, where Python cannot
+    run its signal handler: the signal's byte arrives on a wakeup pipe that a thread watches."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:   # someone else (an event loop) owns the wakeup fd: leave it to them
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return
+
+    def relay() -> None:
+        while ScriptLauncher._children:
+            received = os.read(read_end, 64)
+            if signal.SIGINT in received:
+                stop_children()
+                return
+
+    threading.Thread(target=relay, name="easyfit-interrupt-relay", daemon=True).start()
 
 
 def _wait_for_children_at_exit() -> None:
@@ -203,11 +248,13 @@ def _wait_for_children_at_exit() -> None:
         os._exit(1)
 
 
-def install_child_error_reporting() -> None:
-    """In a child started by ScriptLauncher: write any uncaught exception's traceback where the parent reads it."""
-    error_file = os.environ.get(ERROR_FILE_VARIABLE)
-    if not error_file or getattr(sys.excepthook, "easyfit_reporting", False):
+def child_started() -> None:
+    """In a child started by ScriptLauncher, at its first call: report uncaught exceptions where the parent reads
+    them, and tell the parent this rank is ready to join the process group."""
+    directory = os.environ.get(EXCHANGE_DIR_VARIABLE)
+    if not directory or getattr(sys.excepthook, "easyfit_reporting", False):
         return
+    error_file = _exchange_file("error", int(os.environ["LOCAL_RANK"]), directory)
     previous = sys.excepthook
 
     def report(exc_type, exc, tb):
@@ -217,6 +264,7 @@ def install_child_error_reporting() -> None:
 
     report.easyfit_reporting = True
     sys.excepthook = report
+    open(_exchange_file("ready", int(os.environ["LOCAL_RANK"]), directory), "w").close()
 
 
 # ---------------------------------------------------------------------------------------------

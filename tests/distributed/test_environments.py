@@ -297,3 +297,13 @@ def test_the_launcher_of_this_process_wins(env, tables, winner):
     env(*tables)
     environment = detect_environment()
     assert type(environment) is winner and environment.creates_processes_externally
+
+
+def test_a_model_knows_its_rank_from_the_launcher_before_its_first_call(monkeypatch):
+    import torch
+    import easyfit
+    for name, value in {"EASYFIT_LAUNCHED_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                        "NODE_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    model = easyfit.Model(torch.nn.Linear(2, 2))
+    assert (model.global_rank, model.world_size, model.is_global_zero) == (1, 2, False)

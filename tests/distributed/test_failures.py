@@ -80,3 +80,13 @@ def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path):
         process.kill()
     assert process.returncode != 0
     _assert_no_orphans(env)
+
+
+def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path):
+    env = _marker_env()
+    process = run_script(tmp_path, "ddp", "--fail-before-fit", "1", env=env)
+    assert process.returncode != 0
+    assert "rank 1 failed" in process.stderr
+    assert "deliberate failure before fit on local rank 1" in process.stderr
+    assert time.time() - _failure_time(process.stderr) < 10
+    _assert_no_orphans(env)

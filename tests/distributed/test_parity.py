@@ -41,6 +41,9 @@ def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_p
     assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
     torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))
+    assert outcome["local_scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    restored = easyfit.Model.load(tmp_path / "checkpoint.pt", net=make_net())
+    assert_same_weights(restored.net.state_dict(), outcome["state"], atol=0)
 
 
 def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(tmp_path):

@@ -109,10 +109,10 @@ class Strategy:
 
     # --- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, path: str, state: dict) -> None:
-        """Write `state` atomically; only global rank 0 writes."""
+        """Write `state` atomically. Only global rank 0 writes; the others return at once, so calling this on
+        rank 0 alone is fine for backends that keep the full state in every process."""
         if self.is_global_zero:
             save_checkpoint_file(path, state)
-        self.barrier()
 
     def load_checkpoint(self, path: str) -> dict:
         return load_checkpoint_file(path, map_location=self.root_device)

@@ -100,8 +100,8 @@ class ParallelStrategy(Strategy):
     # --- life -----------------------------------------------------------------------
     def setup_environment(self) -> None:
         if self.environment.creates_processes_externally:
-            from easyfit.distributed.launchers import install_child_error_reporting
-            install_child_error_reporting()
+            from easyfit.distributed.launchers import child_started
+            child_started()
         super().setup_environment()
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:

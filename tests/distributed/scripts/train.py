@@ -62,11 +62,16 @@ def main() -> None:
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--fail-before-fit", type=int, default=-1, help="this local rank raises before calling fit")
     args = parser.parse_args()
+    if int(os.environ.get("LOCAL_RANK", 0)) == args.fail_before_fit:
+        print(f"FAILING_AT {time.time()}", file=sys.stderr, flush=True)
+        raise RuntimeError(f"deliberate failure before fit on local rank {args.fail_before_fit}")
     torch.set_num_threads(1)
     x, y = make_data()
     net = make_net()
     model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=args.lr), metrics=["accuracy"])
+    rank_before_fit = model.global_rank
     callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step, args.fail_mode)] if args.fail_rank >= 0 else [])
     run = dict(devices=args.devices, accelerator="cpu", strategy=args.strategy, num_nodes=args.num_nodes)
     history = model.fit(x, y, epochs=args.epochs, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks,
@@ -74,9 +79,13 @@ def main() -> None:
     x_eval, y_eval = x[:101], y[:101]
     scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, **run)
     predictions = model.predict(x_eval, batch_size=8, **run)
-    if model.is_global_zero:
+    # a one-process call after a multi-process one stays local (no sync over the still-open process group)
+    local_scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, strategy="single", accelerator="cpu")
+    if model.is_global_zero:   # saving from rank 0 alone must not wait for the other ranks
+        model.save(os.path.join(args.out, "checkpoint.pt"))
         torch.save({"state": net.state_dict(), "history": history.history, "params": history.params,
-                    "scores": scores, "predictions": predictions, "world_size": history.params["world_size"],
+                    "scores": scores, "local_scores": local_scores, "predictions": predictions,
+                    "world_size": history.params["world_size"], "rank_before_fit": rank_before_fit,
                     "lr_after": [g["lr"] for g in model.optimizer.param_groups]},
                    os.path.join(args.out, "result.pt"))
 
