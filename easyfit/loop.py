@@ -119,7 +119,6 @@ class Loop:
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
             validation_freq: int = 1) -> None:
         callbacks, model = self.callbacks, self.model
-        self.optimizer.zero_grad(set_to_none=True)
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
@@ -137,7 +136,7 @@ class Loop:
         callbacks.call("on_train_end", None)
 
     def train_epoch(self, batches) -> dict[str, float]:
-        net, strategy, precision = self.net, self.strategy, self.precision
+        net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
         callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
         accumulate = self.settings.gradient_accumulation_steps
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
@@ -157,6 +156,8 @@ class Loop:
                     if not self.targets_checked:
                         self._check_first_batch(output, target)
                     loss = loss_fn(output, target)
+                if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
+                    optimizer.zero_grad(set_to_none=True)
                 strategy.backward(loss / accumulate if accumulate > 1 else loss, precision)
             if boundary:
                 self._optimizer_step()
@@ -192,7 +193,6 @@ class Loop:
             self.precision.unscale_gradients(optimizer)
             self.strategy.clip_gradients(self.net, settings.gradient_clip_val)
         self.strategy.optimizer_step(optimizer, self.precision)
-        optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()

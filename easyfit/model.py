@@ -20,7 +20,7 @@ from easyfit.loop import Loop, StepSettings
 from easyfit.losses import closest_name, resolve_loss
 from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
 from easyfit.metrics import MetricSet, metric_names
-from easyfit.optimizers import align_state, build_optimizer, optimizer_name
+from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
 
 
@@ -252,8 +252,7 @@ class Model:
                                strategy=strategy, train=False, num_workers=run.num_workers,
                                replace_sampler=run.replace_sampler)
         precision.convert_module(self.net)
-        align_state(self.optimizer)   # the state of an earlier fit in another precision
-        net, optimizer = strategy.setup(self.net, self.optimizer)
+        net, optimizer = strategy.setup(self.net, self.optimizer)   # also casts optimizer state to the new dtype
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
         with scaled_learning_rates(optimizer, self.scheduler, multiplier):
             self._lr_multiplier = multiplier

@@ -66,6 +66,10 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str | None:
 
 
 def align_state(optimizer: torch.optim.Optimizer) -> None:
-    """Cast the optimizer's state (e.g. Adam's moments) to its parameters' current dtype and device."""
-    if optimizer.state:
+    """Cast the optimizer's state (e.g. Adam's moments) to its parameters' current dtype and device, if it differs
+    (reloading copies every state tensor, so it is skipped when nothing needs to move)."""
+    misplaced = any(isinstance(value, torch.Tensor) and value.dim() > 0
+                    and (value.device != param.device or value.dtype != param.dtype)
+                    for param, state in optimizer.state.items() for value in state.values())
+    if misplaced:
         optimizer.load_state_dict(optimizer.state_dict())
