@@ -46,19 +46,21 @@ def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_p
     assert_same_weights(restored.net.state_dict(), outcome["state"], atol=0)
 
 
-def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(tmp_path):
-    process = run_script(tmp_path, "ddp", "--lr", "0.05", "--lr-scaling", "linear")
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, tmp_path):
+    process = run_script(tmp_path, strategy, "--lr", "0.05", "--lr-scaling", "linear")
     outcome = _check_run(process, tmp_path, lr_expected=0.1)
     assert outcome["params"]["lr_multiplier"] == 2.0
     assert "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)" in outcome["params"]["summary"]
     assert outcome["lr_after"] == [pytest.approx(0.05)], "the user's LR is restored after fit"
 
 
-def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
+@pytest.mark.parametrize("lr, scaling", [("0.1", "none"), ("0.05", "linear")])
+def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(lr, scaling, tmp_path):
     from runner import start_script
     from easyfit.distributed.environments import find_free_port
     port = str(find_free_port())
-    nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", "0.1",
+    nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", lr, "--lr-scaling", scaling,
                           env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank)})
              for rank in range(2)]
     try:
@@ -70,4 +72,5 @@ def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
     outcome = result(tmp_path)
     assert outcome["world_size"] == 2
     assert outcome["params"]["batch_factor"] == 2
+    assert outcome["params"]["effective_batch_size"] == 32
     assert_same_weights(outcome["state"], reference_weights(0.1))
