@@ -174,8 +174,17 @@ class Loop:
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
+        return self._epoch_logs(tracker)
+
+    def _epoch_logs(self, tracker: LossTracker) -> dict[str, float]:
+        """The epoch's loss and metrics over every process; each rank joins the same collectives, even one whose
+        share of the data was empty."""
+        strategy, metrics = self.strategy, self.metrics
         logs = {"loss": tracker.global_mean(strategy)}
-        logs.update(metrics.compute(sync=self.strategy.world_size > 1))
+        sync = strategy.world_size > 1
+        if sync:
+            metrics.share_task(strategy)
+        logs.update(metrics.compute(sync=sync))
         return logs
 
     def _check_first_batch(self, output, target) -> None:
@@ -231,8 +240,7 @@ class Loop:
                 metrics.update(output, target)
             if batch_end:
                 callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
-        logs = {"loss": tracker.global_mean(self.strategy)}
-        logs.update(metrics.compute(sync=self.strategy.world_size > 1))
+        logs = self._epoch_logs(tracker)
         callbacks.call("on_test_end", logs)
         net.train(was_training)
         return logs

@@ -6,6 +6,7 @@ torch.distributed, so the values are exact on any number of processes.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -71,6 +72,9 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+TASKS = ("binary", "multiclass")
+
+
 def infer_task(output: torch.Tensor, target: torch.Tensor) -> tuple[str, int]:
     """("binary", 2) for one output per sample, else ("multiclass", number of output columns)."""
     if output.dim() >= 2 and output.shape[-1] > 1:
@@ -97,18 +101,36 @@ class MetricSet:
             else:
                 raise TypeError(f"a metric must be a name or a torchmetrics.Metric; got {type(metric).__name__}")
         self.names = list(self.pending) + list(self.metrics)
+        self.task: tuple[str, int] | None = None   # (task, num_classes) the named metrics were built for
+        self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
 
     def __bool__(self) -> bool:
         return bool(self.names)
 
     def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
         """Create the named metrics for this task, on the output's device (first batch only)."""
-        task, num_classes = infer_task(output, target)
+        self._build(infer_task(output, target), output.device)
+
+    def _build(self, task: tuple[str, int], device: torch.device) -> None:
+        self.task = task
         for name, key in self.pending.items():
-            self.metrics[name] = METRICS[key](task, num_classes)
+            self.metrics[name] = METRICS[key](*task)
         self.pending = {}
         for metric in self.metrics.values():
-            metric.to(output.device)
+            metric.to(device)
+
+    def share_task(self, strategy) -> None:
+        """Build the named metrics on a rank that saw no batch (e.g. an empty share of a tiny evaluation set) with
+        the task another rank inferred, so that every rank computes, and so synchronises, the same metrics.
+        Call it on every rank before the first multi-process `compute`: one collective, that first time only."""
+        if self.task_shared:
+            return
+        task = torch.tensor([[TASKS.index(self.task[0]), self.task[1]]]) if self.task else torch.empty(0, 2)
+        known = [part for part in strategy.all_gather(task.long().to(strategy.root_device)) if len(part)]
+        if self.pending and known:
+            task_index, num_classes = known[0][0].tolist()
+            self._build((TASKS[task_index], num_classes), strategy.root_device)
+        self.task_shared = True
 
     def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
         if self.pending:
@@ -120,13 +142,17 @@ class MetricSet:
             metric.update(output, target)
 
     def compute(self, sync: bool = False) -> dict[str, float]:
-        """Epoch values; with `sync`, over all processes (torchmetrics gathers the states). Without it, a
-        one-process call stays local even while a process group from an earlier multi-process call is open."""
+        """Epoch values; with `sync`, over all processes (torchmetrics gathers the states), every rank taking part
+        even if it saw no batch. Without it, a one-process call stays local even while a process group from an
+        earlier multi-process call is open."""
         values = {}
         for name, metric in self.metrics.items():
-            if metric.update_called:
+            if sync or metric.update_called:
                 metric.distributed_available_fn = _distributed_available if sync else _local_only
-                values[name] = float(metric.compute())
+                with warnings.catch_warnings():
+                    if not metric.update_called:   # this rank saw no batch, the others did: not worth a warning
+                        warnings.simplefilter("ignore")
+                    values[name] = float(metric.compute())
         return values
 
     def reset(self) -> None:

@@ -5,6 +5,7 @@ one real 2-process run checks that every epoch is shuffled differently and still
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -232,3 +233,33 @@ def test_two_processes_see_every_sample_once_per_epoch_in_a_new_order(tmp_path):
         assert len(first) == len(second) == 16 and sorted(first + second) == list(range(32))
     for epochs in ranks:
         assert epochs[0] != epochs[1] != epochs[2]
+
+
+EMPTY_SHARE_SCRIPT = '''
+import json
+import torch
+import easyfit
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+x, y = torch.randn(3, 4), torch.tensor([0, 2, 1])
+run = dict(verbose=0, devices=2, accelerator="cpu", strategy="ddp_fork")
+model = easyfit.Model(torch.nn.Linear(4, 3), "cross_entropy", "sgd", metrics=["accuracy", "f1"])
+# one sample: rank 1's share is empty, yet it must build the metrics and join their sync
+first = model.evaluate(x[:1], y[:1], **run)
+both = model.evaluate(x, y, **run)   # would wait for a rank that skipped the first sync
+local = easyfit.Model(model.net, "cross_entropy", "sgd", metrics=["accuracy", "f1"])
+print(json.dumps([first, local.evaluate(x[:1], y[:1], verbose=0), both, local.evaluate(x, y, verbose=0)]))
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_with_no_evaluation_samples_still_joins_the_metric_sync(tmp_path):
+    script = tmp_path / "empty_share.py"
+    script.write_text(EMPTY_SHARE_SCRIPT)
+    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=80,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.returncode == 0, process.stderr[-3000:]
+    first, expected_first, both, expected_both = json.loads(process.stdout.splitlines()[-1])
+    assert first == pytest.approx(expected_first, abs=1e-6) and set(first) == {"loss", "accuracy", "f1"}
+    assert both == pytest.approx(expected_both, abs=1e-6)
