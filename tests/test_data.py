@@ -125,6 +125,25 @@ def test_predict_returns_outputs_in_input_order(form, make_net, classification):
     torch.testing.assert_close(predictions, net(x).detach(), atol=1e-6, rtol=0)
 
 
+class HasModuleAttribute(nn.Module):
+    """A user's net that keeps its layer in an attribute named `module`, as DDP wrappers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.module = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return 2 * self.module(x)
+
+
+def test_a_net_with_a_module_attribute_is_evaluated_and_predicted_as_itself(classification):
+    x, y = classification
+    net = HasModuleAttribute()
+    torch.testing.assert_close(easyfit.Model(net).predict(x), net(x).detach())
+    loss = torch.nn.functional.cross_entropy(net(x), y).item()
+    assert easyfit.Model(net).evaluate(x, y, verbose=0)["loss"] == pytest.approx(loss, abs=1e-5)
+
+
 def test_fit_trains_the_users_net_object(make_net, classification):
     net = make_net()
     initial = copy.deepcopy(net.state_dict())

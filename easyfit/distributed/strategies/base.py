@@ -12,6 +12,9 @@ from easyfit.data import EpochSampler, EvalSampler
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
 
+#: the modules `setup` may wrap the user's net in
+WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+
 
 class Strategy:
     """One process's view of a backend. The base class is a correct single-process backend.
@@ -60,8 +63,9 @@ class Strategy:
         return net, optimizer
 
     def unwrap(self, net: torch.nn.Module) -> torch.nn.Module:
-        """The user's module inside whatever wrapper `setup` put around it."""
-        return getattr(net, "module", net)
+        """The user's module inside the DataParallel / DistributedDataParallel wrapper `setup` put around it
+        (a user's net that merely has a `module` attribute is returned as it is)."""
+        return net.module if isinstance(net, WRAPPERS) else net
 
     def teardown(self) -> None:
         """Release what `setup_environment` created."""
