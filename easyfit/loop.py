@@ -74,9 +74,6 @@ class BatchLogs(Mapping):
     def __init__(self, tracker: LossTracker, loss: torch.Tensor, size: int):
         self.tracker, self.loss, self.size = tracker, loss, size
 
-    def _values(self) -> dict:
-        return {"loss": self.tracker.local_mean(), "batch_loss": float(self.loss), "size": self.size}
-
     def __getitem__(self, key):
         if key == "batch_loss":
             return float(self.loss)
@@ -218,52 +215,60 @@ class Loop:
     @torch.no_grad()
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
-        net, precision, callbacks, metrics = self.strategy.unwrap(self.net), self.precision, self.callbacks, self.metrics
+        net, precision, callbacks = self.strategy.unwrap(self.net), self.precision, self.callbacks
+        metrics = self.metrics
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
-        was_training = net.training
-        net.eval()
         metrics.reset()
         tracker = LossTracker()
-        callbacks.call("on_test_begin", None)
-        for step, batch in enumerate(batches):
-            if batch_begin:
-                callbacks.call("on_test_batch_begin", step, None)
-            inputs, target = split_batch(precision.convert_input(batch))
-            with precision.autocast():
-                output = call_net(net, inputs)
-                if not self.targets_checked:
-                    self._check_first_batch(output, target)
-                loss = self.loss_fn(output, target)
-            size = batch_length(target)
-            tracker.add(loss.detach(), size)
-            if metrics:
-                metrics.update(output, target)
-            if batch_end:
-                callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
-        logs = self._epoch_logs(tracker)
-        callbacks.call("on_test_end", logs)
-        net.train(was_training)
+        with _eval_mode(net):
+            callbacks.call("on_test_begin", None)
+            for step, batch in enumerate(batches):
+                if batch_begin:
+                    callbacks.call("on_test_batch_begin", step, None)
+                inputs, target = split_batch(precision.convert_input(batch))
+                with precision.autocast():
+                    output = call_net(net, inputs)
+                    if not self.targets_checked:
+                        self._check_first_batch(output, target)
+                    loss = self.loss_fn(output, target)
+                size = batch_length(target)
+                tracker.add(loss.detach(), size)
+                if metrics:
+                    metrics.update(output, target)
+                if batch_end:
+                    callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
+            logs = self._epoch_logs(tracker)
+            callbacks.call("on_test_end", logs)
         return logs
 
     @torch.no_grad()
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.unwrap(self.net), self.precision, self.callbacks
-        was_training = net.training
-        net.eval()
         outputs = []
-        callbacks.call("on_predict_begin", None)
-        for step, batch in enumerate(batches):
-            callbacks.call("on_predict_batch_begin", step, None)
-            batch = precision.convert_input(batch)
-            inputs = split_batch(batch)[0] if _has_target(batch) else batch
-            with precision.autocast():
-                output = call_net(net, inputs)
-            outputs.append(_to_cpu(output))
-            callbacks.call("on_predict_batch_end", step, {"outputs": output})
-        callbacks.call("on_predict_end", None)
-        net.train(was_training)
+        with _eval_mode(net):
+            callbacks.call("on_predict_begin", None)
+            for step, batch in enumerate(batches):
+                callbacks.call("on_predict_batch_begin", step, None)
+                batch = precision.convert_input(batch)
+                inputs = split_batch(batch)[0] if _has_target(batch) else batch
+                with precision.autocast():
+                    output = call_net(net, inputs)
+                outputs.append(_to_cpu(output))
+                callbacks.call("on_predict_batch_end", step, {"outputs": output})
+            callbacks.call("on_predict_end", None)
         return outputs
+
+
+@contextlib.contextmanager
+def _eval_mode(net: torch.nn.Module):
+    """The net in eval mode inside the block; its previous mode back after it, even when the block raised."""
+    was_training = net.training
+    net.eval()
+    try:
+        yield
+    finally:
+        net.train(was_training)
 
 
 def _has_length(batches) -> bool:

@@ -99,6 +99,15 @@ def test_float_targets_for_cross_entropy_are_explained(make_net, classification)
     assert "class indices" in message and "y.long()" in message and "float32" in message
 
 
+@pytest.mark.parametrize("method", ["evaluate", "predict"])
+def test_an_error_inside_evaluate_or_predict_leaves_the_net_in_training_mode(method, make_net, classification):
+    net = make_net()
+    batches = [(classification[0][:8], classification[1][:8]), ("not a tensor", None)]
+    with pytest.raises(TypeError):
+        getattr(easyfit.Model(net), method)(batches, verbose=0)
+    assert net.training
+
+
 def test_int32_targets_for_cross_entropy(make_net, classification):
     x, y = classification
     message = fit_error(make_net, x.numpy(), y.int().numpy(), error_type=TypeError)
