@@ -45,15 +45,16 @@ def scaled_learning_rates(optimizer: torch.optim.Optimizer, scheduler, multiplie
 
 class Warmup:
     """Ramp each group's LR linearly from lr / multiplier to lr over the first `steps` optimizer steps
-    (Goyal et al., 2017)."""
+    (Goyal et al., 2017). A resumed fit passes the optimizer steps already done in `steps_done`."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, steps: int):
-        self.optimizer, self.steps = optimizer, steps
+    def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, steps: int, steps_done: int = 0):
+        self.optimizer, self.steps, self.steps_done = optimizer, steps, steps_done
         self.targets = [group["lr"] for group in optimizer.param_groups]
         self.starts = [lr / multiplier for lr in self.targets]
 
     def apply(self, step: int) -> None:
-        """Set the LRs for optimizer step `step` (0-based); after the warmup this does nothing."""
+        """Set the LRs for this fit's optimizer step `step` (0-based); after the warmup this does nothing."""
+        step += self.steps_done
         if step > self.steps:
             return
         progress = step / self.steps

@@ -265,7 +265,7 @@ class Model:
             if options.resume_from is not None:
                 self.restore(strategy.load_checkpoint(options.resume_from), training=True)
                 initial_epoch = self.completed_epochs
-            warmup = self._warmup(options, train, optimizer, multiplier)
+            warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch)
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
             self.stop_training = False
@@ -279,7 +279,8 @@ class Model:
         return self.history
 
     @staticmethod
-    def _warmup(options: FitOptions, train, optimizer, multiplier: float) -> Warmup | None:
+    def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int) -> Warmup | None:
+        """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
         if not options.lr_warmup_epochs:
             return None
         try:
@@ -287,7 +288,8 @@ class Model:
         except TypeError:
             raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
                              "this data has no length") from None
-        return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch)
+        return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
+                      steps_done=initial_epoch * steps_per_epoch)
 
     def _fit_params(self, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
                     steps_per_epoch: int | None) -> dict:

@@ -47,6 +47,15 @@ def test_warmup_ramps_linearly_from_the_base_to_the_scaled_lr():
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
 
 
+def test_a_resumed_warmup_continues_where_it_stood():
+    optimizer = _optimizer(0.4)
+    Warmup(optimizer, multiplier=4.0, steps=3, steps_done=1).apply(0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
+    optimizer = _optimizer(0.4)
+    Warmup(optimizer, multiplier=4.0, steps=3, steps_done=6).apply(0)   # resumed after the warmup: no ramp again
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
+
+
 def test_summary_line_says_what_was_done():
     strategy = DDPStrategy()
     strategy.configure(accelerator="cpu", parallel_devices=[torch.device("cpu")] * 2)
