@@ -69,9 +69,6 @@ class CallbackList:
         for listener in self.listeners[hook]:
             listener(*args)
 
-    def find(self, cls: type):
-        return next((c for c in self.callbacks if isinstance(c, cls)), None)
-
     def state_dict(self) -> dict:
         return {_key(c, i): c.state_dict() for i, c in enumerate(self.callbacks) if c.state_dict()}
 

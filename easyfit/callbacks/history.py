@@ -12,9 +12,6 @@ class History(Callback):
         self.epoch: list[int] = []
         self.params: dict = {}
 
-    def set_params(self, params: dict) -> None:
-        self.params = params
-
     def on_epoch_end(self, epoch, logs=None):
         self.epoch.append(epoch)
         for key, value in (logs or {}).items():
