@@ -37,7 +37,8 @@ def load_checkpoint_file(path: str | os.PathLike, map_location=None) -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as error:
-        raise ValueError(f"{path!r} is not an easyfit checkpoint: it could not be read by torch.load ({error})") from None
+        raise ValueError(f"{path!r} is not an easyfit checkpoint: it could not be read by torch.load "
+                         f"({error})") from None
     if not isinstance(state, dict) or FORMAT_KEY not in state:
         raise ValueError(f"{path!r} is not an easyfit checkpoint (it has no {FORMAT_KEY!r} marker). "
                          "Load plain state dicts with net.load_state_dict(torch.load(path)) instead.")

@@ -248,9 +248,9 @@ class Model:
                              replace_sampler=run.replace_sampler)
         val = None
         if validation_data is not None:
-            val = make_batches(*_as_pair(validation_data), batch_size=options.validation_batch_size or options.batch_size,
-                               strategy=strategy, train=False, num_workers=run.num_workers,
-                               replace_sampler=run.replace_sampler)
+            val = make_batches(*_as_pair(validation_data),
+                               batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
+                               train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler)
         precision.convert_module(self.net)
         net, optimizer = strategy.setup(self.net, self.optimizer)   # also casts optimizer state to the new dtype
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
