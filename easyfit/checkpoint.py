@@ -17,6 +17,7 @@ def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:
     os.makedirs(directory, exist_ok=True)
     handle, temp_path = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
     try:
+        os.chmod(temp_path, 0o666 & ~_umask())   # as an ordinary new file, not mkstemp's owner-only 0600
         with os.fdopen(handle, "wb") as file:
             torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, file)
             file.flush()
@@ -43,3 +44,10 @@ def load_checkpoint_file(path: str | os.PathLike, map_location=None) -> dict:
         raise ValueError(f"{path!r} is not an easyfit checkpoint (it has no {FORMAT_KEY!r} marker). "
                          "Load plain state dicts with net.load_state_dict(torch.load(path)) instead.")
     return state
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

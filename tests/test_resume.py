@@ -61,3 +61,13 @@ def test_load_rebuilds_an_optimizer_instance_and_named_metrics(make_net, classif
     assert isinstance(loaded.optimizer, torch.optim.SGD) and loaded.optimizer.param_groups[0]["momentum"] == 0.9
     assert loaded.evaluate(*classification, verbose=0) == pytest.approx(model.evaluate(*classification, verbose=0))
     loaded.fit(*classification, epochs=1, verbose=0)
+
+
+def test_checkpoints_get_ordinary_file_permissions(tmp_path, make_net):
+    import os
+    mask = os.umask(0o022)
+    try:
+        easyfit.Model(make_net()).save(tmp_path / "run.pt")
+    finally:
+        os.umask(mask)
+    assert os.stat(tmp_path / "run.pt").st_mode & 0o777 == 0o644

@@ -94,6 +94,9 @@ class ScriptLauncher:
             self._start_children()
             cls._world = world
             self._wait_until_children_ready()
+        elif not cls._children and world[0] > 1:
+            raise RuntimeError("the other ranks of this script were stopped after a failure or an interrupt, and "
+                               "they cannot be started again mid-script; fix the error and run the script again")
         elif cls._world != world:
             raise RuntimeError(
                 f"this script already runs as {cls._world[0]} processes per node × {cls._world[1]} node(s); a "

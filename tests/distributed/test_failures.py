@@ -90,3 +90,11 @@ def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path):
     assert "deliberate failure before fit on local rank 1" in process.stderr
     assert time.time() - _failure_time(process.stderr) < 10
     _assert_no_orphans(env)
+
+
+def test_a_script_that_catches_a_rank_failure_cannot_fit_again_without_its_ranks(tmp_path):
+    env = _marker_env()
+    process = run_script(tmp_path, "ddp", "--fail-rank", "1", "--retry-after-failure", "--epochs", "50", env=env)
+    assert process.returncode != 0
+    assert "cannot be started again mid-script" in process.stderr
+    _assert_no_orphans(env)

@@ -48,8 +48,12 @@ class DDP2Strategy(ParallelStrategy):
             self._average_gradients()
 
     def _average_gradients(self) -> None:
-        """All-reduce every gradient as one flat buffer, then divide by the number of nodes."""
-        grads = [p.grad for p in self._params if p.grad is not None]
+        """All-reduce every gradient as one flat buffer, then divide by the number of nodes. A parameter this node
+        did not use gets a zero gradient, so every node reduces a buffer of the same layout."""
+        for param in self._params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        grads = [p.grad for p in self._params]
         if not grads:
             return
         flat = torch._utils._flatten_dense_tensors(grads)

@@ -15,6 +15,7 @@ import torch
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.distributed.launchers import RankFailedError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net  # noqa: E402
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--fail-before-fit", type=int, default=-1, help="this local rank raises before calling fit")
+    parser.add_argument("--retry-after-failure", action="store_true", help="catch a rank failure and fit again")
     args = parser.parse_args()
     if int(os.environ.get("LOCAL_RANK", 0)) == args.fail_before_fit:
         print(f"FAILING_AT {time.time()}", file=sys.stderr, flush=True)
@@ -74,8 +76,14 @@ def main() -> None:
     rank_before_fit = model.global_rank
     callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step, args.fail_mode)] if args.fail_rank >= 0 else [])
     run = dict(devices=args.devices, accelerator="cpu", strategy=args.strategy, num_nodes=args.num_nodes)
-    history = model.fit(x, y, epochs=args.epochs, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks,
-                        lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling, **run)
+    lr_scaling = None if args.lr_scaling == "none" else args.lr_scaling
+    try:
+        history = model.fit(x, y, epochs=args.epochs, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks,
+                            lr_scaling=lr_scaling, **run)
+    except RankFailedError:
+        if not args.retry_after_failure:
+            raise
+        history = model.fit(x, y, epochs=args.epochs, batch_size=16, verbose=0, lr_scaling=lr_scaling, **run)
     x_eval, y_eval = x[:101], y[:101]
     scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, **run)
     predictions = model.predict(x_eval, batch_size=8, **run)
