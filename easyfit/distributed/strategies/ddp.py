@@ -6,6 +6,7 @@ launch such as torchrun or SLURM), "ddp_spawn" spawns fresh processes, "ddp_fork
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from datetime import timedelta
 from typing import Any
@@ -114,8 +115,12 @@ class ParallelStrategy(Strategy):
                                 timeout=self.timeout)
 
     def teardown(self) -> None:
-        """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        """Processes this strategy started end with their group; a re-launched script keeps it for later calls.
+
+        The DDP wrapper of the call just ended sits in reference cycles that still hold the process group; they are
+        collected first, so the group is not freed later during interpreter shutdown (which can abort the process)."""
         if self.launcher is not None and not self.launcher.rank_zero_in_caller and dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
 
     # --- data -----------------------------------------------------------------------

@@ -38,19 +38,6 @@ class FailAt(Callback):
         raise RuntimeError(f"deliberate failure on rank {self.rank} at step {self.step}")
 
 
-class RecordSeen(Callback):
-    """Remember how many batches this rank trained per epoch."""
-
-    def __init__(self):
-        self.steps = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.steps.append(0)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps[-1] += 1
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -73,8 +60,7 @@ def main() -> None:
     x, y = make_data()
     net = make_net()
     model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=args.lr), metrics=["accuracy"])
-    rank_before_fit = model.global_rank
-    callbacks = [RecordSeen()] + ([FailAt(args.fail_rank, args.fail_step, args.fail_mode)] if args.fail_rank >= 0 else [])
+    callbacks = [FailAt(args.fail_rank, args.fail_step, args.fail_mode)] if args.fail_rank >= 0 else []
     run = dict(devices=args.devices, accelerator="cpu", strategy=args.strategy, num_nodes=args.num_nodes)
     lr_scaling = None if args.lr_scaling == "none" else args.lr_scaling
     try:
@@ -93,7 +79,7 @@ def main() -> None:
         model.save(os.path.join(args.out, "checkpoint.pt"))
         torch.save({"state": net.state_dict(), "history": history.history, "params": history.params,
                     "scores": scores, "local_scores": local_scores, "predictions": predictions,
-                    "world_size": history.params["world_size"], "rank_before_fit": rank_before_fit,
+                    "world_size": history.params["world_size"],
                     "lr_after": [g["lr"] for g in model.optimizer.param_groups]},
                    os.path.join(args.out, "result.pt"))
 
