@@ -299,11 +299,9 @@ def test_the_launcher_of_this_process_wins(env, tables, winner):
     assert type(environment) is winner and environment.creates_processes_externally
 
 
-def test_a_model_knows_its_rank_from_the_launcher_before_its_first_call(monkeypatch):
+def test_a_model_knows_its_rank_from_the_launcher_before_its_first_call(env):
     import torch
     import easyfit
-    for name, value in {"EASYFIT_LAUNCHED_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                        "NODE_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
-        monkeypatch.setenv(name, value)
+    env(CHILD)
     model = easyfit.Model(torch.nn.Linear(2, 2))
-    assert (model.global_rank, model.world_size, model.is_global_zero) == (1, 2, False)
+    assert (model.global_rank, model.world_size, model.is_global_zero) == (3, 4, False)
