@@ -60,6 +60,14 @@ def sampler_indices(sampler: Sampler) -> torch.Tensor:
     return torch.as_tensor(list(sampler), dtype=torch.long)
 
 
+def batch_count(batches) -> int | None:
+    """The number of batches in an epoch, or None when the data does not know it (a generator, a stream)."""
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) tuple / list / dict batch to `device`."""
     if isinstance(batch, torch.Tensor):
@@ -120,13 +128,6 @@ class LoaderBatches:
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    def has_length(self) -> bool:
-        try:
-            len(self.loader)
-        except TypeError:
-            return False
-        return True
 
     def __iter__(self) -> Iterator[Any]:
         self.epochs_started += 1

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import batch_length, split_batch
+from easyfit.data import batch_count, batch_length, split_batch
 from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
@@ -139,7 +139,7 @@ class Loop:
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
-        num_batches = len(batches) if _has_length(batches) else None
+        num_batches = batch_count(batches)
         net.train()
         metrics.reset()
         for step, batch in enumerate(batches):
@@ -269,11 +269,6 @@ def _eval_mode(net: torch.nn.Module):
         yield
     finally:
         net.train(was_training)
-
-
-def _has_length(batches) -> bool:
-    has_length = getattr(batches, "has_length", None)
-    return has_length() if has_length is not None else True
 
 
 def _has_target(batch) -> bool:

@@ -12,7 +12,7 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file
-from easyfit.data import check_batch_size, interleave, make_batches, split_validation
+from easyfit.data import batch_count, check_batch_size, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
@@ -257,7 +257,7 @@ class Model:
         with scaled_learning_rates(optimizer, self.scheduler, multiplier):
             self._lr_multiplier = multiplier
             self.history = History()
-            params = self._fit_params(options, strategy, optimizer, multiplier, _length_or_none(train))
+            params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
             display = progress_callbacks(options.verbose, strategy.is_global_zero)
             callbacks = CallbackList([self.history, *display, *options.callbacks], self, params)
             self._callbacks = callbacks
@@ -283,11 +283,11 @@ class Model:
         """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
         if not options.lr_warmup_epochs:
             return None
-        try:
-            steps_per_epoch = max(len(train) // options.gradient_accumulation_steps, 1)
-        except TypeError:
+        num_batches = batch_count(train)
+        if num_batches is None:
             raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
-                             "this data has no length") from None
+                             "this data has no length")
+        steps_per_epoch = max(num_batches // options.gradient_accumulation_steps, 1)
         return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
                       steps_done=initial_epoch * steps_per_epoch)
 
@@ -340,13 +340,6 @@ def _build_scheduler(scheduler, optimizer):
         raise ValueError("the scheduler must be built over the model's optimizer; pass a factory instead, "
                          "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
     return scheduler
-
-
-def _length_or_none(batches) -> int | None:
-    try:
-        return len(batches)
-    except TypeError:
-        return None
 
 
 def _as_pair(validation_data) -> tuple:
