@@ -5,6 +5,7 @@ launch such as torchrun or SLURM), "ddp_spawn" spawns fresh processes, "ddp_fork
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
@@ -21,6 +22,15 @@ from easyfit.distributed.strategies.base import Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def destroy_process_group() -> None:
+    """Destroy the default process group while the interpreter is fully alive. The DDP wrapper of the last call sits
+    in reference cycles that still hold the group; they are collected first, so the group is not freed during
+    interpreter shutdown, which can abort the process ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 class DistributedSamplerWrapper(Sampler):
@@ -113,15 +123,17 @@ class ParallelStrategy(Strategy):
         os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
         dist.init_process_group(self.process_group_backend, rank=self.global_rank, world_size=self.world_size,
                                 timeout=self.timeout)
+        if not self._group_ends_with_call():   # kept for later calls: destroyed when the script ends
+            atexit.register(destroy_process_group)
+
+    def _group_ends_with_call(self) -> bool:
+        """True in processes a spawn / fork launcher started for this call alone."""
+        return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
     def teardown(self) -> None:
-        """Processes this strategy started end with their group; a re-launched script keeps it for later calls.
-
-        The DDP wrapper of the call just ended sits in reference cycles that still hold the process group; they are
-        collected first, so the group is not freed later during interpreter shutdown (which can abort the process)."""
-        if self.launcher is not None and not self.launcher.rank_zero_in_caller and dist.is_initialized():
-            gc.collect()
-            dist.destroy_process_group()
+        """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        if self._group_ends_with_call():
+            destroy_process_group()
 
     # --- data -----------------------------------------------------------------------
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
