@@ -12,6 +12,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
+from easyfit.validation import check_positive_int
+
 
 class EpochSampler(Sampler):
     """All indices once per epoch; the shuffle order is a function of (seed, epoch) only,
@@ -192,11 +194,6 @@ def _is_iterable(x: Any) -> bool:
     return True
 
 
-def check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-
-
 def split_validation(x: Any, y: Any, validation_split: float):
     """Hold out the last `validation_split` fraction of the samples (before shuffling), as Keras does.
 
@@ -239,7 +236,7 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
 def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
                  seed: int = 0, num_workers: int = 0, replace_sampler: bool = True):
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`."""
-    check_batch_size(batch_size)
+    check_positive_int(batch_size, "batch_size")
     device = strategy.root_device
     tensors = _tensors_from(x, y)
     if tensors is not None:

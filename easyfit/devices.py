@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from easyfit.losses import closest_name
+from easyfit.validation import closest_name
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 RESOLVED = ("cpu", "cuda", "mps")

@@ -1,11 +1,12 @@
 """Loss functions by name, with a first-batch check that the targets suit the loss."""
 from __future__ import annotations
 
-import difflib
 from typing import Callable
 
 import torch
 from torch import nn
+
+from easyfit.validation import closest_name
 
 LOSSES: dict[str, Callable[[], nn.Module]] = {
     "cross_entropy": nn.CrossEntropyLoss,
@@ -28,13 +29,6 @@ LOSSES: dict[str, Callable[[], nn.Module]] = {
 CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
 REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.HuberLoss, nn.SmoothL1Loss)
-
-
-def closest_name(name: str, choices) -> str:
-    """' Did you mean ...?' naming the closest valid name (and a second one nearly as close), or ''."""
-    scored = sorted(((difflib.SequenceMatcher(None, name, choice).ratio(), choice) for choice in choices), reverse=True)
-    matches = [choice for score, choice in scored[:2] if score >= max(0.6, scored[0][0] - 0.15)]
-    return f" Did you mean {' or '.join(repr(match) for match in matches)}?" if matches else ""
 
 
 def resolve_loss(loss) -> Callable:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from easyfit.losses import closest_name
+from easyfit.validation import closest_name
 
 
 def _classification(metric_name: str, **extra) -> Callable:

@@ -12,16 +12,17 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file
-from easyfit.data import batch_count, check_batch_size, interleave, make_batches, split_validation
+from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.loop import Loop, StepSettings
-from easyfit.losses import closest_name, resolve_loss
+from easyfit.losses import resolve_loss
 from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
+from easyfit.validation import check_positive_int, closest_name
 
 
 @dataclass
@@ -125,23 +126,23 @@ class Model:
         `epochs` is the index of the last epoch, as in Keras: resuming a checkpoint saved after epoch 4 with
         epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
         run, options = _split_options(kwargs, RunOptions, FitOptions)
-        check_batch_size(options.batch_size)
-        _check_positive_int(options.epochs, "epochs")
-        _check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
+        check_positive_int(options.batch_size, "batch_size")
+        check_positive_int(options.epochs, "epochs")
+        check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
         lr_multiplier(options.lr_scaling, 1)
         return self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
 
     def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None, **kwargs) -> dict:
         """Loss and metrics over the whole data, exact on any number of processes: {"loss": ..., "accuracy": ...}."""
         (run,) = _split_options(kwargs, RunOptions)
-        check_batch_size(batch_size)
+        check_positive_int(batch_size, "batch_size")
         return self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
                               callbacks=callbacks or [])
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
         """The net's outputs for every sample, in input order (a tensor on the CPU)."""
         (run,) = _split_options(kwargs, RunOptions)
-        check_batch_size(batch_size)
+        check_positive_int(batch_size, "batch_size")
         return self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
                               callbacks=callbacks or [])
 
@@ -348,7 +349,3 @@ def _as_pair(validation_data) -> tuple:
         return validation_data
     return validation_data, None
 
-
-def _check_positive_int(value, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -6,7 +6,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from easyfit.losses import closest_name
+from easyfit.validation import closest_name
 
 #: name -> (optimizer class, default learning rate)
 OPTIMIZERS: dict[str, tuple[type, float]] = {

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from easyfit.losses import closest_name
+from easyfit.validation import closest_name
 
 PRECISIONS = ("32", "16-mixed", "bf16-mixed", "64")
 ALIASES = {"32-true": "32", "16": "16-mixed", "bf16": "bf16-mixed", "64-true": "64", "double": "64"}

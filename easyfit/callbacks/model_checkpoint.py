@@ -5,6 +5,7 @@ import os
 
 from easyfit.callbacks.base import Callback
 from easyfit.callbacks.monitor import Monitor
+from easyfit.validation import check_positive_int
 
 
 class ModelCheckpoint(Callback):
@@ -27,9 +28,8 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", save_best_only: bool = False,
                  mode: str = "auto", save_freq: str | int = "epoch", verbose: int = 0):
-        if save_freq != "epoch" and (not isinstance(save_freq, int) or isinstance(save_freq, bool) or save_freq < 1):
-            raise ValueError(f"ModelCheckpoint: save_freq must be 'epoch' or a positive number of batches, "
-                             f"got {save_freq!r}")
+        if save_freq != "epoch":
+            check_positive_int(save_freq, "ModelCheckpoint: save_freq", "'epoch' or a positive number of batches")
         self.filepath = os.fspath(filepath)
         self.monitor = Monitor(monitor, mode, owner="ModelCheckpoint")
         self.save_best_only, self.save_freq, self.verbose = save_best_only, save_freq, verbose

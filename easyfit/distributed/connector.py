@@ -19,7 +19,7 @@ import torch
 from easyfit.devices import is_interactive, parse_devices, resolve_accelerator
 from easyfit.distributed.environments import ClusterEnvironment, detect_environment
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.losses import closest_name
+from easyfit.validation import check_positive_int, closest_name
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,7 @@ def _node_devices(call: Call, devices) -> list[torch.device]:
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
             process_group_backend: str | None = None) -> Strategy:
     """The Strategy for this call, configured for this process."""
-    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    check_positive_int(num_nodes, "num_nodes")
     name = None if isinstance(strategy, Strategy) else strategy_name(strategy)  # a bad name is reported first
     resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
