@@ -20,10 +20,21 @@ SYNC = contextlib.nullcontext()
 
 
 @dataclass
-class StepSettings:
+class TrainingSettings:
+    """How fit trains; the strategy sees them before `setup` (`Strategy.configure_training`)."""
+    batch_size: int = 32
     gradient_accumulation_steps: int = 1
     gradient_clip_val: float | None = None
     scheduler_interval: str = "epoch"
+    precision: str = "32"
+
+
+@dataclass
+class TrainingObjects:
+    """The net, optimizer and scheduler a strategy's `setup` returned: what trains until the fit ends."""
+    net: torch.nn.Module
+    optimizer: Any = None
+    scheduler: Any = None
 
 
 class LossTracker:
@@ -101,12 +112,13 @@ def call_net(net: Callable, inputs: Any):
 class Loop:
     """Runs epochs of training, evaluation and prediction for one process."""
 
-    def __init__(self, model, net: torch.nn.Module, strategy, precision: Precision, callbacks: CallbackList,
-                 metrics: MetricSet, optimizer=None, scheduler=None, settings: StepSettings | None = None,
-                 warmup=None):
-        self.model, self.net, self.strategy, self.precision = model, net, strategy, precision
-        self.callbacks, self.metrics, self.optimizer, self.scheduler = callbacks, metrics, optimizer, scheduler
-        self.settings = settings or StepSettings()
+    def __init__(self, model, strategy, callbacks: CallbackList, objects: TrainingObjects,
+                 settings: TrainingSettings | None = None, warmup=None):
+        self.model, self.strategy, self.callbacks = model, strategy, callbacks
+        self.net, self.optimizer, self.scheduler = objects.net, objects.optimizer, objects.scheduler
+        self.precision: Precision = model.precision
+        self.metrics: MetricSet = model.metrics
+        self.settings = settings or TrainingSettings()
         self.warmup = warmup
         self.loss_fn = model.loss_fn
         self.targets_checked = False
@@ -136,6 +148,7 @@ class Loop:
         net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
         callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
         accumulate = self.settings.gradient_accumulation_steps
+        divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
@@ -147,17 +160,19 @@ class Loop:
                 callbacks.call("on_train_batch_begin", step, None)
             inputs, target = split_batch(precision.convert_input(batch))
             boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
-            with (SYNC if boundary else strategy.no_sync(net)):
+            with (SYNC if boundary or divisor == 1 else strategy.no_sync(net)):
                 with autocast:
                     output = call_net(net, inputs)
                     if not self.targets_checked:
                         self._check_first_batch(output, target)
                     loss = loss_fn(output, target)
                 if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
-                    optimizer.zero_grad(set_to_none=True)
-                strategy.backward(loss / accumulate if accumulate > 1 else loss, precision)
+                    strategy.zero_grad(optimizer)
+                strategy.backward(loss / divisor if divisor > 1 else loss, precision)
             if boundary:
                 self._optimizer_step()
+            elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
+                strategy.optimizer_step(optimizer, precision)
             loss = loss.detach()
             size = batch_length(target if target is not None else inputs)
             tracker.add(loss, size)
@@ -181,7 +196,7 @@ class Loop:
         sync = strategy.world_size > 1
         if sync:
             metrics.share_task(strategy)
-        logs.update(metrics.compute(sync=sync))
+        logs.update(metrics.compute(strategy.metric_sync_fn() if sync else None))
         return logs
 
     def _check_first_batch(self, output, target) -> None:
@@ -195,10 +210,10 @@ class Loop:
         settings, optimizer = self.settings, self.optimizer
         if self.warmup is not None:
             self.warmup.apply(self.optimizer_steps)
-        if settings.gradient_clip_val is not None:
-            self.precision.unscale_gradients(optimizer)
-            self.strategy.clip_gradients(self.net, settings.gradient_clip_val)
-        self.strategy.optimizer_step(optimizer, self.precision)
+        strategy = self.strategy
+        if settings.gradient_clip_val is not None and not strategy.handles_clipping:
+            strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
+        strategy.optimizer_step(optimizer, self.precision)
         self.optimizer_steps += 1
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()
@@ -215,7 +230,7 @@ class Loop:
     @torch.no_grad()
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
-        net, precision, callbacks = self.strategy.unwrap(self.net), self.precision, self.callbacks
+        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
         metrics = self.metrics
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
@@ -244,7 +259,7 @@ class Loop:
     @torch.no_grad()
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
-        net, precision, callbacks = self.strategy.unwrap(self.net), self.precision, self.callbacks
+        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
         outputs = []
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)

@@ -1,7 +1,7 @@
 """Metrics by name, mapped to torchmetrics objects built on the first batch (task and classes inferred).
 
-torchmetrics synchronises metric states across processes itself when `compute()` runs under
-torch.distributed, so the values are exact on any number of processes.
+Metric states are synchronised through the strategy's gather (torchmetrics' `dist_sync_fn`), so the values are
+exact on any number of processes, with or without a torch process group.
 """
 from __future__ import annotations
 
@@ -141,14 +141,14 @@ class MetricSet:
         for metric in self.metrics.values():
             metric.update(output, target)
 
-    def compute(self, sync: bool = False) -> dict[str, float]:
-        """Epoch values; with `sync`, over all processes (torchmetrics gathers the states), every rank taking part
-        even if it saw no batch. Without it, a one-process call stays local even while a process group from an
-        earlier multi-process call is open."""
+    def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:
+        """Epoch values; with a `sync_fn` (the strategy's gather), over all processes, every rank taking part even
+        if it saw no batch. Without it, the values stay local even while a process group is open."""
         values = {}
         for name, metric in self.metrics.items():
-            if sync or metric.update_called:
-                metric.distributed_available_fn = _distributed_available if sync else _local_only
+            if sync_fn is not None or metric.update_called:
+                metric.dist_sync_fn = sync_fn
+                metric.distributed_available_fn = _always if sync_fn is not None else _never
                 with warnings.catch_warnings():
                     if not metric.update_called:   # this rank saw no batch, the others did: not worth a warning
                         warnings.simplefilter("ignore")
@@ -160,10 +160,9 @@ class MetricSet:
             metric.reset()
 
 
-def _distributed_available() -> bool:
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized()
+def _always() -> bool:
+    return True
 
 
-def _local_only() -> bool:
+def _never() -> bool:
     return False

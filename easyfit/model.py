@@ -11,18 +11,22 @@ from torch import nn
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
-from easyfit.checkpoint import load_checkpoint_file
+from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.loop import Loop, StepSettings
+from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
 from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
 from easyfit.validation import check_positive_int, closest_name
+
+
+#: reads and loads the state of plain (unwrapped, unsharded) objects
+PLAIN = Strategy()
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Model:
         self.metrics = MetricSet(metrics)
         self.history = History()
         self.strategy: Strategy = Strategy()
+        self._training: TrainingObjects | None = None   # what the strategy's setup returned, while a fit runs
         self._has_run = False
         self.stop_training = False
         self.completed_epochs = 0
@@ -146,9 +151,38 @@ class Model:
         return self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
                               callbacks=callbacks or [])
 
+    @property
+    def precision(self) -> Precision:
+        """The precision plugin of the last (or running) call."""
+        return self._precision
+
     def save(self, path: str | os.PathLike) -> None:
-        """Write weights, optimizer, scheduler, scaler, epoch and history to `path`, atomically."""
-        self.strategy.save_checkpoint(os.fspath(path), self.checkpoint_state())
+        """Write weights, optimizer, scheduler, scaler, epoch and history to `path`, atomically.
+
+        Inside fit (a callback) call it on every rank: the strategy decides who writes what, and for a sharded
+        backend reading the state is a collective. After fit the full state is back in this process, so it may be
+        called on every rank or under `if model.is_global_zero:`; only global rank 0 writes."""
+        state = self.checkpoint_state()
+        if self._training is not None:
+            self.strategy.save_checkpoint(os.fspath(path), state)
+        elif self.is_global_zero:
+            save_checkpoint_file(os.fspath(path), state)
+
+    def net_state(self) -> dict:
+        """The net's full state dict; inside fit it is read through the strategy (call it on every rank)."""
+        strategy, objects = self._state_owner()
+        return strategy.module_state(objects.net)
+
+    def load_net_state(self, state: dict) -> None:
+        """Load a full state dict into the net; inside fit through the strategy (call it on every rank)."""
+        strategy, objects = self._state_owner()
+        strategy.load_module_state(objects.net, state)
+
+    def _state_owner(self) -> tuple[Strategy, TrainingObjects]:
+        """Who reads and loads state: the strategy and its training objects inside fit; the plain objects after."""
+        if self._training is not None:
+            return self.strategy, self._training
+        return PLAIN, TrainingObjects(self.net, self.optimizer, self.scheduler)
 
     @classmethod
     def load(cls, path: str | os.PathLike, net: nn.Module, loss: Any = None, optimizer: Any = None,
@@ -179,11 +213,12 @@ class Model:
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
         """Everything needed to resume training exactly."""
+        strategy, objects = self._state_owner()
         return {
             "spec": self.spec,
-            "net": self.net.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "net": strategy.module_state(objects.net),
+            "optimizer": strategy.optimizer_state(objects.optimizer),
+            "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
             "scaler": self._precision.state_dict(),
             "epoch": self.completed_epochs,
             "lr_multiplier": self._lr_multiplier,
@@ -195,12 +230,14 @@ class Model:
 
     def restore(self, state: dict, training: bool = False) -> None:
         """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        strategy, objects = self._state_owner()
+        strategy.load_module_state(objects.net, state["net"])
+        strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
+        if objects.scheduler is not None and state.get("scheduler") is not None:
+            objects.scheduler.load_state_dict(state["scheduler"])
         # the checkpoint's LRs carry the scaling of the run that saved it; bring them to this run's
-        rescale_learning_rates(self.optimizer, self.scheduler, self._lr_multiplier / state.get("lr_multiplier", 1.0))
+        rescale_learning_rates(objects.optimizer, objects.scheduler,
+                               self._lr_multiplier / state.get("lr_multiplier", 1.0))
         self.completed_epochs = state["epoch"]
         self.history.load_state_dict(state["history"])
         if training:
@@ -219,21 +256,23 @@ class Model:
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
-        if state is not None:   # the ranks trained copies: bring rank 0's weights back into the caller's net
+        if state is not None:   # the ranks trained copies: bring rank 0's state back into the caller's objects
             self.restore(state)
+            return self.history
         return result
 
     def _in_process(self, strategy: Strategy, method: str, run: RunOptions, **inputs):
         """(result, state to hand back to the caller or None), for this rank."""
         strategy.setup_environment()
         self.strategy, self._has_run = strategy, True
-        self._precision = self._precision.for_run(run.precision, strategy.root_device)
+        self._precision = strategy.precision_plugin(self._precision, run.precision)
         try:
             result = getattr(self, method)(run, **inputs)
             launcher = strategy.launcher
             hand_back = (method == "_fit_in_process" and launcher is not None
                          and not launcher.rank_zero_in_caller and strategy.is_global_zero)
-            return result, (self.checkpoint_state() if hand_back else None)
+            # a History refers to the whole Model: the caller rebuilds its own from the state instead
+            return (None, self.checkpoint_state()) if hand_back else (result, None)
         finally:
             strategy.teardown()
 
@@ -253,9 +292,24 @@ class Model:
                                batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
                                train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler)
         precision.convert_module(self.net)
-        net, optimizer = strategy.setup(self.net, self.optimizer)   # also casts optimizer state to the new dtype
+        settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
+                                    options.gradient_clip_val, self.scheduler_interval, precision.name)
+        strategy.configure_training(settings)
+        user_optimizer, user_scheduler = self.optimizer, self.scheduler
+        objects = TrainingObjects(*strategy.setup(self.net, user_optimizer, user_scheduler))
+        # from here until the fit ends, Model and the callbacks use what the strategy returned
+        self._training, self.optimizer, self.scheduler = objects, objects.optimizer, objects.scheduler
+        try:
+            self._train(options, train, val, settings, objects)
+        finally:
+            self._training, self.optimizer, self.scheduler = None, user_optimizer, user_scheduler
+        strategy.hand_back(self.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
+        return self.history
+
+    def _train(self, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
+        strategy, optimizer = self.strategy, objects.optimizer
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
-        with scaled_learning_rates(optimizer, self.scheduler, multiplier):
+        with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
             self._lr_multiplier = multiplier
             self.history = History()
             params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
@@ -271,13 +325,10 @@ class Model:
                 print(params["summary"])
             self.stop_training = False
             try:
-                Loop(self, net, strategy, precision, callbacks, self.metrics, optimizer, self.scheduler,
-                     StepSettings(options.gradient_accumulation_steps, options.gradient_clip_val,
-                                  self.scheduler_interval),
-                     warmup).fit(train, val, options.epochs, initial_epoch, options.validation_freq)
+                Loop(self, strategy, callbacks, objects, settings, warmup).fit(
+                    train, val, options.epochs, initial_epoch, options.validation_freq)
             finally:
                 self._lr_multiplier = 1.0
-        return self.history
 
     @staticmethod
     def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int) -> Warmup | None:
@@ -288,7 +339,7 @@ class Model:
         if num_batches is None:
             raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
                              "this data has no length")
-        steps_per_epoch = max(num_batches // options.gradient_accumulation_steps, 1)
+        steps_per_epoch = -(-num_batches // options.gradient_accumulation_steps)   # a short last window steps too
         return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
                       steps_done=initial_epoch * steps_per_epoch)
 
@@ -306,10 +357,10 @@ class Model:
 
     def _eval_loop(self, verbose: int, callbacks: list[Callback]) -> Loop:
         strategy = self.strategy
-        self._precision.convert_module(self.net).to(strategy.root_device)
+        self._precision.convert_module(self.net)
         display = progress_callbacks(verbose, strategy.is_global_zero)
         callback_list = CallbackList([*display, *callbacks], self, {"verbose": verbose})
-        return Loop(self, self.net, strategy, self._precision, callback_list, self.metrics)
+        return Loop(self, strategy, callback_list, TrainingObjects(self.net))
 
     def _evaluate_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
         batches = make_batches(x, y, batch_size=batch_size, strategy=self.strategy, train=False,

@@ -75,10 +75,10 @@ class EarlyStopping(Callback):
         if self.restore_best_weights and self.best_weights is not None:
             if self.verbose and self.model.is_global_zero:
                 print(f"Restoring the net's weights from the end of epoch {self.best_epoch + 1}", flush=True)
-            self.model.net.load_state_dict(self.best_weights)
+            self.model.load_net_state(self.best_weights)
 
     def _copy_weights(self) -> dict:
-        return _cpu_copy(self.model.net.state_dict())
+        return _cpu_copy(self.model.net_state())
 
 
 def _cpu_copy(state: dict) -> dict:

@@ -18,11 +18,12 @@ class History(Callback):
             self.history.setdefault(key, []).append(value)
 
     def state_dict(self) -> dict:
-        return {"history": self.history, "epoch": self.epoch}
+        return {"history": self.history, "epoch": self.epoch, "params": self.params}
 
     def load_state_dict(self, state: dict) -> None:
         self.history = {key: list(values) for key, values in state["history"].items()}
         self.epoch = list(state["epoch"])
+        self.params = dict(state.get("params", {}))
 
     def plot(self, path: str | None = None, keys: list[str] | None = None):
         """Draw loss and metric curves (train and validation together); save to `path` if given.

@@ -330,12 +330,12 @@ def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str) -> None:
         strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
         strategy.set_local_rank(local_rank)
         result = function(*args, **kwargs)
+        if local_rank == 0:
+            save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
     except BaseException:
         with open(os.path.join(exchange_dir, str(local_rank)), "w", encoding="utf-8") as file:
             file.write(traceback.format_exc())
         raise
-    if local_rank == 0:
-        save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
 
 
 def _check_fork_allowed() -> None:

@@ -1,8 +1,14 @@
-"""The Strategy contract: everything the training loop may ask of a backend."""
+"""The Strategy contract: everything Model, the loop and the callbacks may ask of a backend.
+
+A strategy owns the training objects (`setup` returns the net, optimizer and scheduler everyone uses until the fit
+ends), their state (read and loaded on every rank: for a sharded backend these are collectives), the step
+(backward, optimizer step, zeroing, clipping, the no-sync context) and the collectives. The base class is a
+correct single-process backend, so a backend overrides only what it does differently.
+"""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import Sampler
@@ -16,16 +22,29 @@ from easyfit.precision import Precision
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
 
-class Strategy:
-    """One process's view of a backend. The base class is a correct single-process backend.
+def unwrap(net: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside the DataParallel / DistributedDataParallel wrapper `setup` put around it (a user's
+    net that merely has a `module` attribute is returned as it is)."""
+    return net.module if isinstance(net, WRAPPERS) else net
 
-    Subclasses override what their backend does differently: how ranks come to exist
-    (`launcher`), how the net is wrapped (`setup`), and the collectives.
-    """
+
+class Strategy:
+    """One process's view of a backend. The base class is a correct single-process backend."""
 
     name = "single"
-    #: how ranks are started; None means "this process is the only rank, or they already exist"
-    launcher = None
+
+    # --- what the connector needs to know ---------------------------------------------
+    #: its launcher always creates new local processes (spawn, fork), so it cannot join ranks a launcher started
+    starts_processes = False
+    #: under torchrun / SLURM / ..., devices="auto" means one device per process the launcher started
+    uses_launcher_processes = True
+
+    # --- what the loop needs to know ------------------------------------------------
+    #: the backend accumulates gradients itself: the loop calls `backward` on the undivided loss and
+    #: `optimizer_step` after every batch, and the backend decides when the optimizer really steps
+    handles_accumulation = False
+    #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
+    handles_clipping = False
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")
@@ -41,6 +60,12 @@ class Strategy:
         return self.global_rank == 0
 
     @property
+    def launcher(self):
+        """How ranks are started (a `easyfit.distributed.launchers.Launcher`); None: this process is the only
+        rank, or the ranks exist already."""
+        return None
+
+    @property
     def batch_factor(self) -> int:
         """Per-process batches that make one global optimizer step."""
         return self.world_size
@@ -49,26 +74,71 @@ class Strategy:
         """Words for the summary line: what `batch_factor` counts."""
         return "processes" if self.batch_factor != 1 else "process"
 
+    def check_call(self, call) -> None:
+        """Raise if this strategy cannot serve the call (devices, nodes, launcher) as asked, saying what to change."""
+
+    def processes_per_node(self, call) -> int | None:
+        """How many processes per node this strategy runs for the call; None: no check against the launcher."""
+        return len(call.devices)
+
     # --- life -----------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Create the process group (if any) and select this process's device."""
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    def precision_plugin(self, current: Precision, requested: Any) -> Precision:
+        """The precision plugin for this call: `requested` (None: as `current`), on this process's device."""
+        return current.for_run(requested, self.root_device)
+
+    def configure_training(self, settings) -> None:
+        """Called before `setup` in fit with the `TrainingSettings` (batch size, accumulation, clipping, precision),
+        for backends that build their engine from them."""
+
+    def module_construction(self) -> contextlib.AbstractContextManager:
+        """A context in which a net is built sharded from the start (a null context here)."""
+        return contextlib.nullcontext()
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         """Move the net (and the optimizer's state) to the device and wrap it for the backend.
-        Returns (net, optimizer)."""
+        Returns (net, optimizer, scheduler): Model, the loop and the callbacks use these until the fit ends."""
         net.to(self.root_device)
         align_state(optimizer)
-        return net, optimizer
+        return net, optimizer, scheduler
 
-    def unwrap(self, net: torch.nn.Module) -> torch.nn.Module:
-        """The user's module inside the DataParallel / DistributedDataParallel wrapper `setup` put around it
-        (a user's net that merely has a `module` attribute is returned as it is)."""
-        return net.module if isinstance(net, WRAPPERS) else net
+    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
+                  net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
+        state into the user's optimizer. Nothing to do when they were trained in place, as here."""
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The module evaluate / predict run, on this process's device."""
+        return unwrap(net).to(self.root_device)
 
     def teardown(self) -> None:
         """Release what `setup_environment` created."""
+
+    # --- state (called on every rank) -------------------------------------------------
+    def module_state(self, net: torch.nn.Module) -> dict:
+        """The net's full state dict."""
+        return unwrap(net).state_dict()
+
+    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
+        unwrap(net).load_state_dict(state)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        """Write `state` atomically. Only global rank 0 writes the one file; the other ranks return at once."""
+        if self.is_global_zero:
+            save_checkpoint_file(path, state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        return load_checkpoint_file(path, map_location=self.root_device)
 
     # --- data -----------------------------------------------------------------------
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
@@ -89,11 +159,17 @@ class Strategy:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
         precision.optimizer_step(optimizer)
 
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation for an accumulation micro-step."""
         return contextlib.nullcontext()
 
-    def clip_gradients(self, net: torch.nn.Module, max_norm: float) -> None:
+    def clip_gradients(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       precision: Precision) -> None:
+        """Clip the net's gradients to a total norm of `max_norm`, at their true scale (unscaled first)."""
+        precision.unscale_gradients(optimizer)
         torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
 
     # --- collectives ----------------------------------------------------------------
@@ -111,15 +187,12 @@ class Strategy:
     def barrier(self) -> None:
         """Wait for every rank."""
 
-    # --- checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, path: str, state: dict) -> None:
-        """Write `state` atomically. Only global rank 0 writes; the others return at once, so calling this on
-        rank 0 alone is fine for backends that keep the full state in every process."""
-        if self.is_global_zero:
-            save_checkpoint_file(path, state)
+    def metric_sync_fn(self) -> Callable:
+        """The gather function torchmetrics uses to synchronise metric states (its `dist_sync_fn`)."""
+        return self._gather_metric_state
 
-    def load_checkpoint(self, path: str) -> dict:
-        return load_checkpoint_file(path, map_location=self.root_device)
+    def _gather_metric_state(self, tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+        return self.all_gather(tensor)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device}, world_size={self.world_size})"

@@ -154,6 +154,8 @@ class ParallelStrategy(Strategy):
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's tensor. Their first dimensions may differ, and a rank may hold none (an empty tensor of any
         shape): the tensors are padded to the longest for the transfer and trimmed after."""
+        if tensor.dim() == 0:   # a scalar (e.g. a metric's running sum): gathered as one element
+            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
         device = torch.device("cuda", torch.cuda.current_device()) if self.process_group_backend == "nccl" \
             else torch.device("cpu")
         meta = [None] * self.world_size
@@ -198,14 +200,14 @@ class DDPStrategy(ParallelStrategy):
             return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
         return launchers.ProcessLauncher(self, self.start_method)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         if self.sync_batchnorm:
             net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
-        net, optimizer = super().setup(net, optimizer)
+        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
                                           find_unused_parameters=self.find_unused_parameters)
-        return wrapped, optimizer
+        return wrapped, optimizer, scheduler
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()

@@ -33,14 +33,14 @@ class DDP2Strategy(ParallelStrategy):
     def describe_batch_factor(self) -> str:
         return "nodes" if self.batch_factor != 1 else "node"
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        net, optimizer = super().setup(net, optimizer)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
         self._params = [p for p in net.parameters() if p.requires_grad]
         if len(self.node_devices) > 1:
             net = torch.nn.DataParallel(net, device_ids=[d.index for d in self.node_devices])
-        return net, optimizer
+        return net, optimizer, scheduler
 
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:
         super().backward(loss, precision)

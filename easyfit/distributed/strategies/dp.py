@@ -30,6 +30,6 @@ class DataParallelStrategy(Strategy):
     def describe_batch_factor(self) -> str:
         return f"process (split over {len(self.parallel_devices)} GPUs)"
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        net, optimizer = super().setup(net, optimizer)
-        return torch.nn.DataParallel(net, device_ids=[d.index for d in self.parallel_devices]), optimizer
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
+        return torch.nn.DataParallel(net, device_ids=[d.index for d in self.parallel_devices]), optimizer, scheduler
