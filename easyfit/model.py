@@ -18,12 +18,17 @@ from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
-from easyfit.lr_scaling import Warmup, describe, lr_multiplier, rescale_learning_rates, scaled_learning_rates
+from easyfit.lr_scaling import (
+    Warmup,
+    describe,
+    lr_multiplier,
+    rescale_learning_rates,
+    scaled_learning_rates,
+)
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
 from easyfit.validation import check_positive_int, closest_name
-
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -186,7 +191,7 @@ class Model:
 
     @classmethod
     def load(cls, path: str | os.PathLike, net: nn.Module, loss: Any = None, optimizer: Any = None,
-             metrics: Any = None, **kwargs) -> "Model":
+             metrics: Any = None, **kwargs) -> Model:
         """A Model around `net` with the weights, optimizer state and history saved at `path`.
 
         Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
