@@ -39,26 +39,19 @@ class Call:
 
 def _single(call: Call) -> Strategy:
     from easyfit.distributed.strategies.single import SingleDeviceStrategy
-    if len(call.devices) > 1 or call.num_nodes > 1:
-        raise ValueError(f"strategy='single' runs one process on one device, but this call asks for "
-                         f"{len(call.devices)} device(s) × {call.num_nodes} node(s). Use strategy='ddp' or 'auto', "
-                         "or devices=1 and num_nodes=1.")
-    return SingleDeviceStrategy(call.devices[0])
+    return SingleDeviceStrategy()
 
 
-def _ddp(start_method: str) -> Callable[[Call], Strategy]:
+def _ddp(start_method: str, name: str) -> Callable[[Call], Strategy]:
     def build(call: Call) -> Strategy:
         from easyfit.distributed.strategies.ddp import DDPStrategy
-        return DDPStrategy(start_method=start_method)
+        return DDPStrategy(start_method=start_method, name=name)
     return build
 
 
 def _dp(call: Call) -> Strategy:
     from easyfit.distributed.strategies.dp import DataParallelStrategy
-    if call.num_nodes > 1:
-        raise ValueError("strategy='dp' runs in one process on one node; for several nodes use 'ddp', or 'ddp2' "
-                         "(DataParallel inside each node, DDP across nodes)")
-    return DataParallelStrategy(call.devices)
+    return DataParallelStrategy()
 
 
 def _ddp2(call: Call) -> Strategy:
@@ -69,16 +62,15 @@ def _ddp2(call: Call) -> Strategy:
 #: name -> builder. A new backend is one module plus one row here.
 STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "single": _single,
-    "ddp": _ddp("popen"),
-    "ddp_spawn": _ddp("spawn"),
-    "ddp_fork": _ddp("fork"),
-    "ddp_notebook": _ddp("fork"),
+    "ddp": _ddp("popen", "ddp"),
+    "ddp_spawn": _ddp("spawn", "ddp_spawn"),
+    "ddp_fork": _ddp("fork", "ddp_fork"),
+    "ddp_notebook": _ddp("fork", "ddp_notebook"),
     "dp": _dp,
     "ddp2": _ddp2,
 }
 #: names of backends that later versions of easyfit add
 PLANNED = ("horovod", "bagua", "ddp_sharded", "fsdp", "deepspeed", "deepspeed_stage_2", "deepspeed_stage_3")
-SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
 def auto_strategy_name(call: Call) -> str:
@@ -102,16 +94,16 @@ def strategy_name(strategy: str) -> str:
                      f"Valid names: {', '.join(valid)}.")
 
 
-def _check_conflicts(name: str, call: Call) -> None:
-    if name in SPAWNING and call.external:
+def _check_conflicts(strategy: Strategy, call: Call) -> None:
+    """What no strategy that starts its own processes can do, then the strategy's own conflicts."""
+    name = strategy.name
+    if strategy.starts_processes and call.external:
         raise ValueError(f"strategy={name!r} starts its own processes, but this one was already started by "
                          f"{call.environment.name} as one of several ranks. Use strategy='ddp' (or 'auto').")
-    if name in ("ddp_fork", "ddp_notebook", "ddp_spawn") and call.num_nodes > 1:
+    if strategy.starts_processes and call.num_nodes > 1:
         raise ValueError(f"strategy={name!r} starts processes on this machine only; for num_nodes > 1 start the "
                          "script on every node (torchrun, SLURM, or by hand with NODE_RANK) with strategy='ddp'")
-    if name == "ddp" and call.interactive and not call.external and len(call.devices) > 1:
-        raise ValueError("strategy='ddp' re-runs your script in each extra process, but this is a notebook or REPL. "
-                         "Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
+    strategy.check_call(call)
 
 
 def _node_devices(call: Call, devices) -> list[torch.device]:
@@ -127,28 +119,31 @@ def _node_devices(call: Call, devices) -> list[torch.device]:
 
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
             process_group_backend: str | None = None) -> Strategy:
-    """The Strategy for this call, configured for this process."""
+    """The Strategy for this call, configured for this process. The steps:
+    1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
+    2. resolve "auto" (rule 4) and build the strategy from its row in STRATEGIES (or take the user's object);
+    3. under a launcher, devices="auto" becomes one device per launched process, if the strategy takes them;
+    4. conflicts: the strategy's own first (their fix is the one that matters), then the launcher's world;
+    5. fill in what the strategy left unset."""
     check_positive_int(num_nodes, "num_nodes")
-    name = None if isinstance(strategy, Strategy) else strategy_name(strategy)  # a bad name is reported first
+    name = None if isinstance(strategy, Strategy) else strategy_name(strategy)
     resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
     if name == "auto":
         name = auto_strategy_name(call)
-    chosen = name or strategy.name
-    if chosen not in ("ddp2", "single"):   # those two use the devices asked for, not the launcher's processes
-        call = replace(call, devices=_node_devices(call, devices))
-    _check_conflicts(chosen, call)   # the chosen strategy's own conflicts first: their fix is the one that matters
     if name is not None:
         strategy = STRATEGIES[name](call)
-    if chosen != "single":   # 'single' may run alone among a launcher's ranks (e.g. a rank-local evaluation)
-        call.environment.validate(num_nodes, 1 if chosen == "ddp2" else len(call.devices))
+    if strategy.uses_launcher_processes:
+        call = replace(call, devices=_node_devices(call, devices))
+    _check_conflicts(strategy, call)
+    per_node = strategy.processes_per_node(call)
+    if per_node is not None:   # e.g. 'single' may run alone among a launcher's ranks (a rank-local evaluation)
+        call.environment.validate(num_nodes, per_node)
     return _configure(strategy, call)
 
 
 def _configure(strategy: Strategy, call: Call) -> Strategy:
     """Fill in what a strategy left unset (devices, nodes, environment, backend) from the call."""
-    configure = getattr(strategy, "configure", None)
-    if configure is not None:
-        configure(accelerator=call.accelerator, parallel_devices=call.devices, num_nodes=call.num_nodes,
-                  environment=call.environment, process_group_backend=call.process_group_backend)
+    strategy.configure(accelerator=call.accelerator, parallel_devices=call.devices, num_nodes=call.num_nodes,
+                       environment=call.environment, process_group_backend=call.process_group_backend)
     return strategy

@@ -67,6 +67,8 @@ class ClusterEnvironment:
     name = "the launcher"
     unit = "process"
     creates_processes_externally = True
+    #: this process is a copy of the user's script that easyfit's own launcher started
+    launched_by_easyfit = False
     variables: dict[str, str] = {}
 
     @staticmethod
@@ -165,6 +167,10 @@ class LocalEnvironment(ClusterEnvironment):
 
     @property
     def creates_processes_externally(self) -> bool:
+        return self.detect()
+
+    @property
+    def launched_by_easyfit(self) -> bool:
         return self.detect()
 
     @property

@@ -101,9 +101,9 @@ def stdin_session(tmp_path_factory) -> dict[str, dict]:
                        'fit_and_report("auto")\ntry_ddp()\nfit_and_report("ddp_notebook", strategy="ddp_notebook")')
 
 
-def assert_trained_on_two_forked_processes(result: dict) -> None:
+def assert_trained_on_two_forked_processes(result: dict, name: str = "ddp_fork") -> None:
     assert result["interactive"]
-    assert (result["strategy"], result["world_size"], result["epochs"]) == ("ddp_fork", 2, 2)
+    assert (result["strategy"], result["world_size"], result["epochs"]) == (name, 2, 2)
     assert result["changed"] and result["holds_rank_zero_weights"], "the caller's net holds the trained weights"
 
 
@@ -118,7 +118,7 @@ def test_ddp_in_an_interactive_session_suggests_ddp_notebook(stdin_session):
 
 
 def test_ddp_notebook_by_name_forks_and_trains(stdin_session):
-    assert_trained_on_two_forked_processes(stdin_session["ddp_notebook"])
+    assert_trained_on_two_forked_processes(stdin_session["ddp_notebook"], "ddp_notebook")   # reports its own name
 
 
 def test_auto_in_a_repl_forks_and_trains(tmp_path):

@@ -48,6 +48,13 @@ class Strategy:
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")
+        self._device_given = device is not None
+
+    def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
+                  num_nodes: int = 1, environment=None, process_group_backend: str | None = None) -> None:
+        """Fill in every setting the user left unset; the connector calls this with what the call asked for."""
+        if not self._device_given and parallel_devices:
+            self.root_device = parallel_devices[0]
 
     # --- identity -------------------------------------------------------------------
     world_size = 1

@@ -109,10 +109,22 @@ class ParallelStrategy(Strategy):
         return self.parallel_devices[self.local_rank % self.num_processes]
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self) -> None:
+    @property
+    def launcher(self):
+        """The launcher that starts this call's ranks; in a rank that exists already, the handshake of the launcher
+        that started it (if easyfit's own) or None."""
         if self.environment.creates_processes_externally:
-            from easyfit.distributed.launchers import child_started
-            child_started()
+            if self.environment.launched_by_easyfit:
+                from easyfit.distributed.launchers import RelaunchedRankLauncher
+                return RelaunchedRankLauncher()
+            return None
+        return self.start_launcher()
+
+    def start_launcher(self):
+        """The launcher that creates this call's ranks; None: they are started by hand on each node."""
+        return None
+
+    def setup_environment(self) -> None:
         super().setup_environment()
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
@@ -184,17 +196,27 @@ class ParallelStrategy(Strategy):
 class DDPStrategy(ParallelStrategy):
     """torch DistributedDataParallel; `start_method` is "popen" (script re-launch), "spawn" or "fork"."""
 
+    START_METHODS = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}
+
     def __init__(self, *args, start_method: str = "popen", find_unused_parameters: bool = False,
-                 sync_batchnorm: bool = False, **kwargs):
+                 sync_batchnorm: bool = False, name: str | None = None, **kwargs):
+        if start_method not in self.START_METHODS:
+            raise ValueError(f"start_method must be one of {', '.join(self.START_METHODS)}, got {start_method!r}")
         super().__init__(*args, **kwargs)
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
-        self.name = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}[start_method]
+        self.name = name or self.START_METHODS[start_method]
 
     @property
-    def launcher(self):
-        if self.environment.creates_processes_externally:
-            return None
+    def starts_processes(self) -> bool:
+        return self.start_method != "popen"
+
+    def check_call(self, call) -> None:
+        if self.start_method == "popen" and call.interactive and not call.external and len(call.devices) > 1:
+            raise ValueError(f"strategy={self.name!r} re-runs your script in each extra process, but this is a "
+                             "notebook or REPL. Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
+
+    def start_launcher(self):
         from easyfit.distributed import launchers
         if self.start_method == "popen":
             return launchers.ScriptLauncher(self) if self.num_processes > 1 else None

@@ -18,7 +18,8 @@ class DDP2Strategy(ParallelStrategy):
     """Ranks are nodes. Parameters are broadcast from rank 0 at setup; gradients are averaged after each backward."""
 
     name = "ddp2"
-    launcher = None   # one process per node: each node's process is started by hand, torchrun or SLURM
+    #: one process per node, started by hand, torchrun or SLURM; it uses the node's devices as asked
+    uses_launcher_processes = False
 
     def __init__(self, *args, **kwargs):
         self._sync_gradients = True
@@ -29,6 +30,9 @@ class DDP2Strategy(ParallelStrategy):
         super().configure(*args, **kwargs)
         self.node_devices = self.parallel_devices
         self.parallel_devices = self.parallel_devices[:1]   # one process per node, rooted at the first device
+
+    def processes_per_node(self, call) -> int:
+        return 1
 
     def describe_batch_factor(self) -> str:
         return "nodes" if self.batch_factor != 1 else "node"

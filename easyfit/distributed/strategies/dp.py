@@ -18,10 +18,16 @@ class DataParallelStrategy(Strategy):
 
     name = "dp"
 
-    def __init__(self, parallel_devices: list[torch.device]):
-        require_cuda(self.name)
-        super().__init__(parallel_devices[0])
+    uses_launcher_processes = False
+
+    def __init__(self, parallel_devices: list[torch.device] | None = None):
+        super().__init__(parallel_devices[0] if parallel_devices else None)
         self.parallel_devices = parallel_devices
+
+    def configure(self, accelerator: str = "cuda", parallel_devices: list[torch.device] | None = None,
+                  **settings) -> None:
+        self.parallel_devices = self.parallel_devices or parallel_devices
+        super().configure(accelerator, self.parallel_devices, **settings)
 
     @property
     def batch_factor(self) -> int:
@@ -29,6 +35,12 @@ class DataParallelStrategy(Strategy):
 
     def describe_batch_factor(self) -> str:
         return f"process (split over {len(self.parallel_devices)} GPUs)"
+
+    def check_call(self, call) -> None:
+        require_cuda(self.name)
+        if call.num_nodes > 1:
+            raise ValueError("strategy='dp' runs in one process on one node; for several nodes use 'ddp', or 'ddp2' "
+                             "(DataParallel inside each node, DDP across nodes)")
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)

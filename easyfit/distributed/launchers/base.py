@@ -1,0 +1,18 @@
+"""The launcher interface: how the ranks of a call come to exist."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class Launcher:
+    """Starts (or joins) the ranks of a call and runs `function` in each; one failure stops them all.
+
+    `rank_zero_in_caller`: True when this process is rank 0 itself (its objects are trained in place); False when
+    rank 0 is another process, whose result and state are handed back to the caller.
+    """
+
+    rank_zero_in_caller = True
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        """Run `function(*args, **kwargs)` in every rank; return rank 0's result."""
+        raise NotImplementedError

@@ -1,0 +1,244 @@
+"""Script re-launch ("ddp"): the user's script is run again for local ranks 1..N-1; this process is rank 0.
+
+Both sides of the launch live here: `ScriptLauncher` in rank 0 starts and watches the copies (`ScriptRanks`),
+and `RelaunchedRankLauncher` in each copy performs the ready handshake at its first call and reports its errors
+where rank 0 reads them.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
+from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.failures import (RankFailedError, looks_like_peer_error, rank_failure,
+                                                    root_cause)
+
+EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
+WATCH_INTERVAL = 0.1
+TERMINATE_GRACE_SECONDS = 3.0
+
+
+def script_command() -> list[str]:
+    """The command that re-runs the user's program the way it was started."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":   # python -m package.module
+        module = spec.name[:-len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return [sys.executable, "-m", module, *sys.argv[1:]]
+    main_file = getattr(main, "__file__", None)
+    if not main_file or not os.path.exists(main_file):
+        raise RuntimeError(
+            "strategy='ddp' re-runs your script in each extra process, but this session has no script "
+            "(a notebook, REPL or `python -c`). Use strategy='ddp_notebook' (fork) here, or 'ddp_spawn', "
+            "or move the code into a .py file.")
+    return [sys.executable, os.path.abspath(main_file), *sys.argv[1:]]
+
+
+def exchange_file(directory: str, kind: str, local_rank: int) -> str:
+    """Where a re-run rank says it is ready ("ready") or leaves its traceback ("error")."""
+    return os.path.join(directory, f"{kind}-{local_rank}")
+
+
+def _die_with_parent() -> None:
+    """In a child: receive SIGTERM when the parent dies, so no rank outlives its launcher (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ScriptRanks:
+    """The running copies of this script (local ranks 1..N-1), started once; they live until the script ends, so
+    later calls reuse them."""
+
+    def __init__(self, strategy):
+        environment = strategy.environment
+        self.world = (strategy.num_processes, strategy.num_nodes, strategy.node_rank)
+        self.exchange_dir = tempfile.mkdtemp(prefix="easyfit-ranks-")
+        base_env = {**os.environ, "MASTER_ADDR": environment.main_address,
+                    "MASTER_PORT": str(environment.main_port), "WORLD_SIZE": str(strategy.world_size),
+                    "NODE_RANK": str(strategy.node_rank), "LOCAL_WORLD_SIZE": str(strategy.num_processes),
+                    LAUNCHED_RANK_VARIABLE: "1", EXCHANGE_DIR_VARIABLE: self.exchange_dir}
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = base_env["MASTER_ADDR"], base_env["MASTER_PORT"]
+        command = script_command()
+        self.children: dict[int, subprocess.Popen] = {}
+        for local_rank in range(1, strategy.num_processes):
+            env = {**base_env, "LOCAL_RANK": str(local_rank),
+                   "RANK": str(strategy.node_rank * strategy.num_processes + local_rank)}
+            self.children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+        atexit.register(self.wait_at_exit)
+        self._relay_interrupts()
+
+    @property
+    def stopped(self) -> bool:
+        return not self.children
+
+    def failures(self) -> list[RankFailedError]:
+        found = (rank_failure(rank, child.poll(), exchange_file(self.exchange_dir, "error", rank))
+                 for rank, child in self.children.items())
+        return [failure for failure in found if failure is not None]
+
+    def wait_until_ready(self, timeout_seconds: float) -> None:
+        """Wait for every child to reach its first call, stopping everything if one fails on the way."""
+        deadline = time.monotonic() + timeout_seconds
+        while not all(os.path.exists(exchange_file(self.exchange_dir, "ready", rank)) for rank in self.children):
+            failure = root_cause(self.failures())
+            if failure is not None:
+                self.stop()
+                raise failure
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the other ranks did not reach their first fit / evaluate / predict call within "
+                                   f"{timeout_seconds:.0f} s; every process must make the same calls")
+            time.sleep(WATCH_INTERVAL)
+
+    def failure_behind(self, error: BaseException, seconds: float = 5.0) -> RankFailedError | None:
+        """After an error here that a dead peer explains, give the failing child a moment to exit: its error is
+        the original one."""
+        deadline = time.monotonic() + (seconds if looks_like_peer_error(f"{type(error).__name__}: {error}") else 0)
+        while not self.failures() and time.monotonic() < deadline:
+            time.sleep(WATCH_INTERVAL)
+        time.sleep(WATCH_INTERVAL)   # let a second failing rank finish writing its traceback
+        return root_cause(self.failures())
+
+    def stop(self) -> None:
+        """Terminate every child still running (SIGTERM, then SIGKILL after a grace period)."""
+        children = list(self.children.values())
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+        for child in children:
+            try:
+                child.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self._forget()
+
+    def wait_at_exit(self) -> None:
+        """At the end of rank 0's script, wait for the other ranks to finish theirs, and report a failure."""
+        for child in self.children.values():
+            try:
+                child.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        failure = root_cause(self.failures())
+        self._forget()
+        if failure is not None:
+            print(str(failure), file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def _forget(self) -> None:
+        shutil.rmtree(self.exchange_dir, ignore_errors=True)
+        self.children = {}
+
+    def _relay_interrupts(self) -> None:
+        """Stop the children on Ctrl-C even while the main thread is blocked inside a collective, where Python
+        cannot run its signal handler: the signal's byte arrives on a wakeup pipe that a thread watches."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        if previous != -1:   # someone else (an event loop) owns the wakeup fd: leave it to them
+            signal.set_wakeup_fd(previous)
+            os.close(read_end)
+            os.close(write_end)
+            return
+
+        def relay() -> None:
+            while self.children:
+                if signal.SIGINT in os.read(read_end, 64):
+                    self.stop()
+                    return
+
+        threading.Thread(target=relay, name="easyfit-interrupt-relay", daemon=True).start()
+
+
+#: this script's re-run ranks, once started: they belong to the program, not to one call
+_script_ranks: ScriptRanks | None = None
+
+
+class ScriptLauncher(Launcher):
+    """Rank 0's side: starts the copies at the first call and runs every call here while they run it there.
+
+    Until every child has reached its first call, this rank waits while watching them, so a child that fails early
+    stops the run at once. After that, when a child fails, this rank's next collective fails too (the peer's
+    connections close); the error raised then names the failed rank and carries its traceback. Ctrl-C here stops
+    every child, even while this rank waits inside a collective.
+    """
+
+    rank_zero_in_caller = True
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        ranks = self._ranks()
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            failure = ranks.failure_behind(error)
+            ranks.stop()
+            if failure is not None:
+                raise failure from None
+            raise
+
+    def _ranks(self) -> ScriptRanks:
+        global _script_ranks
+        strategy = self.strategy
+        world = (strategy.num_processes, strategy.num_nodes, strategy.node_rank)
+        if _script_ranks is None:
+            _script_ranks = ScriptRanks(strategy)
+            _script_ranks.wait_until_ready(strategy.timeout.total_seconds())
+        elif _script_ranks.stopped and world[0] > 1:
+            raise RuntimeError("the other ranks of this script were stopped after a failure or an interrupt, and "
+                               "they cannot be started again mid-script; fix the error and run the script again")
+        elif _script_ranks.world != world:
+            raise RuntimeError(
+                f"this script already runs as {_script_ranks.world[0]} processes per node × "
+                f"{_script_ranks.world[1]} node(s); a script re-launched for strategy='ddp' keeps its processes "
+                "until it ends, so every ddp call in it must use the same devices and num_nodes")
+        return _script_ranks
+
+
+class RelaunchedRankLauncher(Launcher):
+    """A re-run copy's side: at its first call, report uncaught exceptions where rank 0 reads them and tell rank 0
+    this rank is ready to join the process group."""
+
+    rank_zero_in_caller = True
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        _report_ready()
+        return function(*args, **kwargs)
+
+
+def _report_ready() -> None:
+    directory = os.environ.get(EXCHANGE_DIR_VARIABLE)
+    if not directory or getattr(sys.excepthook, "easyfit_reporting", False):
+        return
+    local_rank = int(os.environ["LOCAL_RANK"])
+    error_file = exchange_file(directory, "error", local_rank)
+    previous = sys.excepthook
+
+    def report(exc_type, exc, tb):
+        with open(error_file, "w", encoding="utf-8") as file:
+            file.write("".join(traceback.format_exception(exc_type, exc, tb)))
+        previous(exc_type, exc, tb)
+
+    report.easyfit_reporting = True
+    sys.excepthook = report
+    open(exchange_file(directory, "ready", local_rank), "w").close()

@@ -1,0 +1,97 @@
+"""Spawn / fork ("ddp_spawn", "ddp_fork", "ddp_notebook"): fresh processes run the call; rank 0's result and
+state come back to the caller through a file."""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import traceback
+from typing import Any, Callable
+
+import torch
+from torch.multiprocessing.spawn import ProcessException
+
+from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.failures import RankFailedError, rank_failure, root_cause
+from easyfit.distributed.pickling import check_picklable
+
+RESULT_FILE = "result.pt"
+WATCH_INTERVAL = 0.1
+TERMINATE_GRACE_SECONDS = 3.0
+
+
+class ProcessLauncher(Launcher):
+    """Runs the function in N new processes (spawn or fork); the caller gets rank 0's return value."""
+
+    rank_zero_in_caller = False
+
+    def __init__(self, strategy, start_method: str):
+        self.strategy, self.start_method = strategy, start_method
+
+    def launch(self, function: Callable, *args, **kwargs) -> Any:
+        if self.start_method == "fork":
+            _check_fork_allowed()
+        os.environ["MASTER_ADDR"] = self.strategy.environment.main_address
+        os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
+        work = (self.strategy, function, args, kwargs)
+        if self.start_method == "spawn":
+            # plain pickling gives each rank its own copy: torch's process pickler would put the net's tensors in
+            # memory shared by all ranks, and every rank's optimizer step would then land on the same weights
+            try:
+                work = pickle.dumps(work)
+            except Exception:
+                check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
+                raise
+        with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as exchange_dir:
+            processes = torch.multiprocessing.start_processes(
+                _run_rank, args=(work, exchange_dir),
+                nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
+            try:
+                while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
+                    pass
+            except ProcessException as error:
+                failures = [rank_failure(rank, process.exitcode, os.path.join(exchange_dir, str(rank)))
+                            for rank, process in enumerate(processes.processes)]
+                cause = root_cause([failure for failure in failures if failure is not None])
+                raise (cause or RankFailedError(error.error_index, str(error))) from None
+            except BaseException:
+                _stop_processes(processes.processes)
+                raise
+            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE))["result"]
+
+
+def _stop_processes(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(TERMINATE_GRACE_SECONDS)
+        if process.is_alive():
+            process.kill()
+
+
+def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str) -> None:
+    """The body of a spawned / forked rank: run, then rank 0 leaves its result in `exchange_dir`;
+    a failing rank leaves its traceback there instead."""
+    try:
+        strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
+        strategy.set_local_rank(local_rank)
+        result = function(*args, **kwargs)
+        if local_rank == 0:
+            save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
+    except BaseException:
+        with open(os.path.join(exchange_dir, str(local_rank)), "w", encoding="utf-8") as file:
+            file.write(traceback.format_exc())
+        raise
+
+
+def _check_fork_allowed() -> None:
+    if sys.platform == "win32":
+        raise RuntimeError("strategy='ddp_fork' / 'ddp_notebook' needs fork, which Windows lacks; use 'ddp_spawn'")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "strategy='ddp_fork' / 'ddp_notebook' cannot fork after CUDA has been initialised in this process "
+            "(a forked child cannot use it). Restart the kernel and call fit before anything touches the GPU "
+            "(e.g. avoid net.cuda() or torch.cuda calls before fit), or use strategy='ddp_spawn' from a script.")

@@ -1,0 +1,30 @@
+"""The strategy classes, for `fit(strategy=...)` with options: `easyfit.strategies.DDP(find_unused_parameters=True)`.
+
+Each class is imported on first use, so naming a backend here never imports its optional package.
+"""
+from __future__ import annotations
+
+import importlib
+
+#: public name -> (module, class)
+CLASSES = {
+    "Strategy": ("easyfit.distributed.strategies.base", "Strategy"),
+    "SingleDevice": ("easyfit.distributed.strategies.single", "SingleDeviceStrategy"),
+    "DDP": ("easyfit.distributed.strategies.ddp", "DDPStrategy"),
+    "ParallelStrategy": ("easyfit.distributed.strategies.ddp", "ParallelStrategy"),
+    "DataParallel": ("easyfit.distributed.strategies.dp", "DataParallelStrategy"),
+    "DDP2": ("easyfit.distributed.strategies.ddp2", "DDP2Strategy"),
+}
+__all__ = list(CLASSES)
+
+
+def __getattr__(name: str):
+    if name not in CLASSES:
+        raise AttributeError(f"module 'easyfit.strategies' has no attribute {name!r}; "
+                             f"available: {', '.join(CLASSES)}")
+    module, attribute = CLASSES[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return __all__
