@@ -7,7 +7,7 @@ EXTRAS = {
     "horovod": ["horovod>=0.28"],
     "bagua": ["bagua>=0.9"],
     "plot": ["matplotlib>=3.5"],
-    "dev": ["pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5"],
+    "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5"],
 }
 
 setup(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
@@ -139,9 +140,9 @@ class LoaderBatches:
             yield move_to_device(batch, self.device)
         if empty and self.epochs_started > 1:
             raise ValueError(
-                "the training data yielded no batches in epoch {}: a one-shot iterator or generator is "
-                "exhausted after one pass. Pass a re-iterable (a list of batches, a Dataset or a DataLoader) "
-                "to train for several epochs.".format(self.epochs_started))
+                f"the training data yielded no batches in epoch {self.epochs_started}: a one-shot iterator or "
+                "generator is exhausted after one pass. Pass a re-iterable (a list of batches, a Dataset or a "
+                "DataLoader) to train for several epochs.")
 
 
 # ----------------------------------------------------------------------------------------

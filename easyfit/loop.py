@@ -14,7 +14,6 @@ from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
 
-
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
 SYNC = contextlib.nullcontext()
 

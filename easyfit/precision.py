@@ -24,16 +24,16 @@ def parse_precision(precision: Any) -> str:
 class Precision:
     """What a precision setting changes in the step: input dtype, autocast, and loss scaling."""
 
-    def __init__(self, precision: Any = "32", device: torch.device = torch.device("cpu")):
+    def __init__(self, precision: Any = "32", device: torch.device | None = None):
         self.name = parse_precision(precision)
-        self.device = device
+        self.device = device = device or torch.device("cpu")
         self.autocast_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self.name)
         if self.autocast_dtype is not None and not torch.amp.is_autocast_available(device.type):
             raise ValueError(f"precision={self.name!r} needs autocast, which torch does not support on "
                              f"{device.type!r}; use precision='32'")
         self.scaler = torch.amp.GradScaler(device.type) if self.name == "16-mixed" else None
 
-    def for_run(self, precision: Any, device: torch.device) -> "Precision":
+    def for_run(self, precision: Any, device: torch.device) -> Precision:
         """The precision of the next fit / evaluate / predict: `precision`, or this one's setting when None.
 
         An unchanged setting keeps its loss-scaler state, so evaluating between fits or saving after an

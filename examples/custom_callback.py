@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 
 import torch
+from quickstart import load_data
 from torch import nn
 
 import easyfit
 from easyfit.callbacks import Callback
-from quickstart import load_data
 
 
 class StopAtAccuracy(Callback):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 
 import torch
+from quickstart import load_data
 from torch import nn
 
 import easyfit
-from quickstart import load_data
 
 
 def main() -> None:

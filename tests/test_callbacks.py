@@ -11,8 +11,7 @@ from torch import nn
 from torch.nn import functional
 
 import easyfit
-from easyfit.callbacks import (Callback, CSVLogger, EarlyStopping, LearningRateScheduler, ModelCheckpoint,
-                               TerminateOnNaN)
+from easyfit.callbacks import Callback, CSVLogger, EarlyStopping, LearningRateScheduler, ModelCheckpoint, TerminateOnNaN
 from easyfit.callbacks.monitor import Monitor
 
 WEIGHTS = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])

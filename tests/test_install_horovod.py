@@ -45,6 +45,7 @@ def test_wheel_cache_is_keyed_by_horovod_torch_and_python_versions(tmp_path):
 @pytest.mark.timeout(120)
 def test_installed_horovod_is_kept_and_the_script_returns_quickly():
     pytest.importorskip("horovod.torch", reason="horovod is not installed (scripts/install_horovod.sh installs it)")
-    finished = subprocess.run([str(SCRIPTS / "install_horovod.sh")], capture_output=True, text=True, timeout=100, check=False)
+    finished = subprocess.run([str(SCRIPTS / "install_horovod.sh")], capture_output=True, text=True, timeout=100,
+                              check=False)
     assert finished.returncode == 0, finished.stderr
     assert "already installed" in finished.stdout

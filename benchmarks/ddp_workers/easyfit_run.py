@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
+from common import BATCH_SIZE, LR, StepClock, make_data, make_net, parse_args
 
 import easyfit
 from easyfit.callbacks import Callback
-from common import BATCH_SIZE, LR, StepClock, make_data, make_net, parse_args
 
 WORLD_SIZE = 2
 

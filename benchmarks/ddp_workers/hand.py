@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
-
 from common import BATCH_SIZE, LR, StepClock, make_data, make_net, parse_args
+from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import torch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-from common import make_data, make_net  # noqa: E402,F401  (re-exported for the tests)
+from common import make_data, make_net
 
 
 def run_script(out: Path, *args: str, env: dict | None = None, timeout: float = 150,

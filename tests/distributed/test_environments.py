@@ -7,8 +7,15 @@ import socket
 import pytest
 
 from easyfit.distributed.environments import (
-    LAUNCHED_RANK_VARIABLE, DeepSpeedEnvironment, LocalEnvironment, MPIEnvironment, SLURMEnvironment,
-    TorchElasticEnvironment, detect_environment, expand_nodelist, find_free_port,
+    LAUNCHED_RANK_VARIABLE,
+    DeepSpeedEnvironment,
+    LocalEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    detect_environment,
+    expand_nodelist,
+    find_free_port,
 )
 
 PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_")
@@ -301,6 +308,7 @@ def test_the_launcher_of_this_process_wins(env, tables, winner):
 
 def test_a_model_knows_its_rank_from_the_launcher_before_its_first_call(env):
     import torch
+
     import easyfit
     env(CHILD)
     model = easyfit.Model(torch.nn.Linear(2, 2))

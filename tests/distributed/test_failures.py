@@ -7,7 +7,6 @@ import time
 import uuid
 
 import pytest
-
 from runner import processes_running, run_script, start_script
 
 pytestmark = pytest.mark.timeout(240)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runner import assert_same_weights, make_data, make_net, reference_weights, result, run_script
 
 import easyfit
-from runner import assert_same_weights, make_data, make_net, reference_weights, result, run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,6 +58,7 @@ def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, tmp_
 @pytest.mark.parametrize("lr, scaling", [("0.1", "none"), ("0.05", "linear")])
 def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(lr, scaling, tmp_path):
     from runner import start_script
+
     from easyfit.distributed.environments import find_free_port
     port = str(find_free_port())
     nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", lr, "--lr-scaling", scaling,

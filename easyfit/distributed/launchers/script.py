@@ -21,8 +21,7 @@ from typing import Any, Callable
 
 from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
 from easyfit.distributed.launchers.base import Launcher
-from easyfit.distributed.launchers.failures import (RankFailedError, looks_like_peer_error, rank_failure,
-                                                    root_cause)
+from easyfit.distributed.launchers.failures import RankFailedError, looks_like_peer_error, rank_failure, root_cause
 
 EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
 WATCH_INTERVAL = 0.1

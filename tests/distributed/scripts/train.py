@@ -18,7 +18,7 @@ from easyfit.callbacks import Callback
 from easyfit.distributed.launchers import RankFailedError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_data, make_net  # noqa: E402
+from common import make_data, make_net
 
 
 class FailAt(Callback):
