@@ -5,6 +5,7 @@ In-memory tensors and TensorDatasets are batched by indexing whole batches out o
 """
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Iterable, Iterator
@@ -86,12 +87,13 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
 # Batch sources: each yields batches for one epoch, on the target device.
 # ----------------------------------------------------------------------------------------
 class TensorBatches:
-    """Batches indexed straight out of in-memory tensors."""
+    """Batches indexed straight out of in-memory tensors; with `inputs_only`, each batch is `((x1, x2, ...),)`:
+    all the net's inputs, no target."""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_size: int, sampler: Sampler,
-                 device: torch.device):
+                 device: torch.device, inputs_only: bool = False):
         self.batch_size, self.sampler, self.device = batch_size, sampler, device
-        self.tensors = tensors
+        self.tensors, self.inputs_only = tensors, inputs_only
         self.on_device = all(t.device == device for t in tensors)
 
     def set_epoch(self, epoch: int) -> None:
@@ -107,11 +109,12 @@ class TensorBatches:
         if len(indices) == 0:   # e.g. a rank with no share of a tiny evaluation set: no batches at all
             return
         if self.on_device:   # indices on the tensors' device: one gather per tensor, no per-step index copy
-            for idx in indices.to(self.device).split(self.batch_size):
-                yield tuple([t.index_select(0, idx) for t in tensors])
+            batches = (tuple([t.index_select(0, idx) for t in tensors])
+                       for idx in indices.to(self.device).split(self.batch_size))
         else:
-            for idx in indices.split(self.batch_size):
-                yield move_to_device(tuple([t[idx] for t in tensors]), self.device)
+            batches = (move_to_device(tuple([t[idx] for t in tensors]), self.device)
+                       for idx in indices.split(self.batch_size))
+        yield from (((batch,) for batch in batches) if self.inputs_only else batches)
 
 
 class LoaderBatches:
@@ -148,33 +151,50 @@ class LoaderBatches:
 # ----------------------------------------------------------------------------------------
 # Normalising user input
 # ----------------------------------------------------------------------------------------
-def as_tensor(array: Any, name: str) -> torch.Tensor:
-    """A numpy array / list / tensor as a tensor; float64 numpy data becomes float32 (PyTorch's default)."""
+def as_tensor(array: Any, name: str, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A numpy array / list / tensor as a tensor; float64 numpy data becomes `float_dtype` (float32, PyTorch's
+    default; float64 in a run with precision "64")."""
     if isinstance(array, torch.Tensor):
         return array
     try:
         tensor = torch.as_tensor(array)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} could not be turned into a tensor ({type(array).__name__}): {error}") from None
-    return tensor.float() if tensor.dtype == torch.float64 else tensor
+    return tensor.to(float_dtype) if tensor.dtype == torch.float64 else tensor
 
 
-def _tensors_from(x: Any, y: Any) -> tuple[torch.Tensor, ...] | None:
-    """The tensors behind in-memory data, or None when `x` is a dataset / loader / iterable."""
+def several_inputs(x: Any) -> bool:
+    """Whether `x` is a list or tuple of arrays / tensors: one per input of the net (as Keras)."""
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(item, torch.Tensor) or hasattr(item, "__array__") for item in x)
+
+
+def _tensors_from(x: Any, y: Any, float_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...] | None:
+    """The tensors behind in-memory data (the inputs, then the target if any), or None when `x` is a dataset /
+    loader / iterable of batches."""
     if isinstance(x, TensorDataset):
         if y is not None:
             raise ValueError("y was given together with a TensorDataset: the dataset already holds the targets")
         return tuple(x.tensors)
-    if isinstance(x, (Dataset, DataLoader)) or (not _is_array_like(x) and y is None and _is_iterable(x)):
+    if isinstance(x, (Dataset, DataLoader)) or (not _is_array_like(x) and not several_inputs(x) and y is None
+                                                 and _is_iterable(x)):
         if y is not None:
             raise ValueError(f"y was given together with a {type(x).__name__}: pass targets inside the data instead")
         return None
-    tensors = (as_tensor(x, "x"),) if y is None else (as_tensor(x, "x"), as_tensor(y, "y"))
-    if tensors[0].dim() == 0:
-        raise ValueError("x is a scalar; pass an array or tensor whose first dimension indexes samples")
-    if len(tensors) == 2 and len(tensors[0]) != len(tensors[1]):
-        raise ValueError(f"x and y have different numbers of samples: x has {len(tensors[0])}, "
-                         f"y has {len(tensors[1])}. They must match along the first dimension.")
+    several = several_inputs(x)
+    named = [(f"x[{i}]", item) for i, item in enumerate(x)] if several else [("x", x)]
+    named += [] if y is None else [("y", y)]
+    tensors = tuple(as_tensor(array, name, float_dtype) for name, array in named)
+    for (name, _), tensor in zip(named, tensors):
+        if tensor.dim() == 0:
+            raise ValueError(f"{name} is a scalar; pass an array or tensor whose first dimension indexes samples")
+    lengths = {name: len(tensor) for (name, _), tensor in zip(named, tensors)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"{' and '.join(lengths)} have different numbers of samples: "
+                         f"{', '.join(f'{name} has {length}' for name, length in lengths.items())}. "
+                         "They must match along the first dimension."
+                         + (" (A list or tuple of arrays holds one array per input of the net, as in Keras; pass "
+                            "a list of batches as tuples, [(x_batch,), ...], or a DataLoader.)" if several else ""))
     return tensors
 
 
@@ -195,13 +215,13 @@ def _is_iterable(x: Any) -> bool:
     return True
 
 
-def split_validation(x: Any, y: Any, validation_split: float):
+def split_validation(x: Any, y: Any, validation_split: float, float_dtype: torch.dtype = torch.float32):
     """Hold out the last `validation_split` fraction of the samples (before shuffling), as Keras does.
 
     Returns ((x_train, y_train), (x_val, y_val)); each pair may be (Dataset, None)."""
     if not isinstance(validation_split, (int, float)) or not 0 <= validation_split < 1:
         raise ValueError(f"validation_split must be a fraction in [0, 1), got {validation_split!r}")
-    tensors = _tensors_from(x, y)
+    tensors = _tensors_from(x, y, float_dtype)
     length = len(tensors[0]) if tensors is not None else _dataset_length(x, "validation_split")
     n_train = int(math.floor(length * (1.0 - validation_split)))
     if validation_split > 0 and n_train == length:
@@ -235,16 +255,19 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
-                 seed: int = 0, num_workers: int = 0, replace_sampler: bool = True):
-    """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`."""
+                 seed: int = 0, num_workers: int = 0, replace_sampler: bool = True,
+                 float_dtype: torch.dtype = torch.float32):
+    """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
+    float64 numpy data becomes `float_dtype`."""
     check_positive_int(batch_size, "batch_size")
     device = strategy.root_device
-    tensors = _tensors_from(x, y)
+    tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
         length = len(tensors[0])
         _check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
-        return _mark_sharded(TensorBatches(tensors, batch_size, sampler, device), train, strategy)
+        batches = TensorBatches(tensors, batch_size, sampler, device, inputs_only=y is None and several_inputs(x))
+        return _mark_sharded(batches, train, strategy)
     if isinstance(x, DataLoader):
         batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device)
         return _mark_sharded(batches, train or not replace_sampler, strategy)
@@ -324,6 +347,63 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 
 
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
+
+
+class PredictInputs:
+    """What predict passes to the net from a batch. A tensor is the input; a dict loses its target key; a tuple
+    or list is split as in training ((x, y), (x1, x2, y), (x,)), unless only the whole tuple fits the positional
+    inputs of the net's forward (e.g. forward(x, mask) on batches (x, mask)): then all of it is the input.
+    A tuple that fits neither way is an error; one that fits both ways is split, with a warning."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.net_name = type(net).__name__
+        self.signature, self.counts = forward_inputs(net)
+        self.warned = False
+
+    def __call__(self, batch: Any) -> Any:
+        if isinstance(batch, dict):
+            return split_batch(batch)[0]
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2 or self.counts is None:
+            inputs = split_batch(batch)[0] if isinstance(batch, (tuple, list)) else batch
+            if isinstance(inputs, tuple) and self.counts is not None and not self._fits(len(inputs)):
+                raise ValueError(
+                    f"predict got {len(inputs)} inputs per batch (a list or tuple of arrays holds one array per "
+                    f"input of the net, as in Keras), but {self.net_name}.forward{self.signature} does not take "
+                    f"{len(inputs)}. To predict over a list of batches, make each a tuple, [(x_batch,), ...], or "
+                    "pass a DataLoader.")
+            return inputs
+        whole, split = self._fits(len(batch)), self._fits(len(batch) - 1)
+        if whole and not split:
+            return tuple(batch)
+        if not split:
+            raise ValueError(
+                f"predict got batches of {len(batch)} tensors, but {self.net_name}.forward{self.signature} takes "
+                f"neither {len(batch)} inputs nor {len(batch) - 1} (the batch less a target). Pass batches that "
+                "hold the net's inputs, e.g. predict([x1, x2]) for a net with two inputs.")
+        if whole and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"predict takes the last of each batch's {len(batch)} tensors as a target and leaves it out, "
+                f"though {self.net_name}.forward{self.signature} could take it as an input. To pass it to the net, "
+                "predict on in-memory inputs (predict([x, mask])) or on batches ((x, mask),).", stacklevel=4)
+        return split_batch(batch)[0]
+
+    def _fits(self, count: int) -> bool:
+        required, most = self.counts
+        return required <= count <= most
+
+
+def forward_inputs(net: torch.nn.Module) -> tuple[str, tuple[int, float] | None]:
+    """(the forward's signature as text, (required, most) positional inputs it takes), or ("(...)", None)."""
+    try:
+        signature = inspect.signature(net.forward)
+    except (TypeError, ValueError):
+        return "(...)", None
+    kinds = [p for p in signature.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    required = sum(p.default is p.empty and p.kind != p.VAR_POSITIONAL for p in kinds)
+    most = math.inf if any(p.kind == p.VAR_POSITIONAL for p in kinds) else len(kinds)
+    return str(signature), (required, most)
 
 
 def batch_length(batch: Any) -> int:

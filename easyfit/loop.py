@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import batch_count, batch_length, split_batch
+from easyfit.data import PredictInputs, batch_count, batch_length, split_batch
 from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
@@ -136,7 +136,7 @@ class Loop:
             if val_batches is not None and (epoch + 1) % validation_freq == 0:
                 logs.update({f"val_{key}": value for key, value in self.evaluate(val_batches).items()})
             logs.update(begin_logs)
-            self._step_scheduler_per_epoch(logs)
+            self._step_scheduler_per_epoch(logs, "val_loss" if val_batches is not None else "loss")
             model.completed_epochs = epoch + 1
             callbacks.call("on_epoch_end", epoch, logs)
             if model.stop_training:
@@ -217,11 +217,14 @@ class Loop:
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()
 
-    def _step_scheduler_per_epoch(self, logs: dict) -> None:
+    def _step_scheduler_per_epoch(self, logs: dict, plateau_key: str) -> None:
+        """Step the scheduler; ReduceLROnPlateau always reads `plateau_key`, and waits out epochs without it
+        (no validation that epoch with validation_freq > 1)."""
         if self.scheduler is None or self.settings.scheduler_interval != "epoch":
             return
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.scheduler.step(logs.get("val_loss", logs["loss"]))
+            if plateau_key in logs:
+                self.scheduler.step(logs[plateau_key])
         else:
             self.scheduler.step()
 
@@ -259,13 +262,12 @@ class Loop:
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        outputs = []
+        outputs, to_inputs = [], PredictInputs(net)
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
             for step, batch in enumerate(batches):
                 callbacks.call("on_predict_batch_begin", step, None)
-                batch = precision.convert_input(batch)
-                inputs = split_batch(batch)[0] if _has_target(batch) else batch
+                inputs = to_inputs(precision.convert_input(batch))
                 with precision.autocast():
                     output = call_net(net, inputs)
                 outputs.append(_to_cpu(output))
@@ -283,11 +285,6 @@ def _eval_mode(net: torch.nn.Module):
         yield
     finally:
         net.train(was_training)
-
-
-def _has_target(batch) -> bool:
-    """Predict batches may be bare inputs; a 1- or 2-tuple or a dict is split as in training."""
-    return isinstance(batch, (tuple, list, dict))
 
 
 def _to_cpu(output):

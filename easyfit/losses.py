@@ -55,6 +55,12 @@ def check_targets(loss_fn: Callable, output, target) -> None:
             f"{name} expects class indices as targets: an integer tensor of shape {tuple(output.shape[:1])} "
             f"with values in [0, {output.shape[-1] - 1}]; got {target.dtype} targets of shape {tuple(target.shape)}. "
             "Convert them with y.long() (or y.astype('int64') in numpy), or use a regression loss such as 'mse'.")
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and output.dim() >= 2 and output.shape[1] == 1:
+        raise ValueError(
+            f"{name} over a single output column is always 0 (a softmax over one class is 1), so nothing would "
+            f"train; the net returned shape {tuple(output.shape)}. For regression use loss='mse' (or 'mae', "
+            "'huber'); for a binary task with one logit use loss='bce_with_logits' and float 0/1 targets; for "
+            "classes give the net one output per class.")
     if isinstance(loss_fn, CLASS_INDEX_LOSSES) and target.dtype not in (torch.int64, torch.uint8) \
             and not target.is_floating_point():
         raise TypeError(f"{name} expects int64 class indices as targets; got {target.dtype}. "

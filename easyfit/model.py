@@ -28,7 +28,7 @@ from easyfit.lr_scaling import (
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
-from easyfit.validation import check_positive_int, closest_name
+from easyfit.validation import check_positive_int, check_positive_number, closest_name
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -139,6 +139,9 @@ class Model:
         check_positive_int(options.batch_size, "batch_size")
         check_positive_int(options.epochs, "epochs")
         check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
+        if options.gradient_clip_val is not None:   # 0 would freeze training, a negative value reverse it
+            check_positive_number(options.gradient_clip_val, "gradient_clip_val",
+                                  "a positive number (the largest total gradient norm), or None for no clipping")
         lr_multiplier(options.lr_scaling, 1)
         return self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
 
@@ -197,10 +200,13 @@ class Model:
         Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
         state = load_checkpoint_file(path)
         spec = state.get("spec", {})
+        if loss is None and spec.get("loss") is None:
+            raise ValueError(f"{os.fspath(path)!r} was saved with a loss easyfit has no name for (an object or a "
+                             "function); pass the same loss to Model.load(..., loss=...)")
         if optimizer is None and spec.get("optimizer") is None:
             raise ValueError(f"{os.fspath(path)!r} was saved with an optimizer easyfit has no name for; "
                              "pass the same kind to Model.load(..., optimizer=...) to restore its state")
-        model = cls(net, loss if loss is not None else spec.get("loss") or "cross_entropy",
+        model = cls(net, loss if loss is not None else spec["loss"],
                     optimizer if optimizer is not None else spec["optimizer"],
                     metrics if metrics is not None else spec.get("metrics"), lr=kwargs.pop("lr", spec.get("lr")),
                     **kwargs)
@@ -287,15 +293,16 @@ class Model:
         if options.validation_split:
             if validation_data is not None:
                 raise ValueError("pass either validation_data or validation_split, not both")
-            (x, y), validation_data = split_validation(x, y, options.validation_split)
+            (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
         train = make_batches(x, y, batch_size=options.batch_size, strategy=strategy, train=True,
                              shuffle=options.shuffle, seed=options.seed, num_workers=run.num_workers,
-                             replace_sampler=run.replace_sampler)
+                             replace_sampler=run.replace_sampler, float_dtype=precision.float_dtype)
         val = None
         if validation_data is not None:
             val = make_batches(*_as_pair(validation_data),
                                batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
-                               train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler)
+                               train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                               float_dtype=precision.float_dtype)
         precision.convert_module(self.net)
         settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
                                     options.gradient_clip_val, self.scheduler_interval, precision.name)
@@ -369,13 +376,15 @@ class Model:
 
     def _evaluate_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
         batches = make_batches(x, y, batch_size=batch_size, strategy=self.strategy, train=False,
-                               num_workers=run.num_workers, replace_sampler=run.replace_sampler)
+                               num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                               float_dtype=self._precision.float_dtype)
         return self._eval_loop(verbose, callbacks).evaluate(batches)
 
     def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
         strategy = self.strategy
         batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
-                               num_workers=run.num_workers, replace_sampler=run.replace_sampler)
+                               num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                               float_dtype=self._precision.float_dtype)
         outputs = self._eval_loop(verbose, callbacks).predict(batches)
         tensors = all(isinstance(output, torch.Tensor) for output in outputs)
         if strategy.world_size == 1 or not getattr(batches, "sharded", False):

@@ -46,6 +46,11 @@ class Precision:
             fresh.load_state_dict(self.state_dict())
         return fresh
 
+    @property
+    def float_dtype(self) -> torch.dtype:
+        """The dtype float64 numpy input is read as: float64 under "64", float32 otherwise."""
+        return torch.float64 if self.name == "64" else torch.float32
+
     def convert_module(self, net: torch.nn.Module) -> torch.nn.Module:
         """float64 weights under "64"; float32 otherwise (a net an earlier "64" fit left in float64 comes back)."""
         if self.name == "64":

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import difflib
+import math
+import numbers
 
 
 def closest_name(name: str, choices) -> str:
@@ -14,4 +16,10 @@ def closest_name(name: str, choices) -> str:
 def check_positive_int(value, name: str, expected: str = "a positive integer") -> None:
     """Raise unless `value` is an int >= 1 (a bool is not a count); `expected` words the rule in the message."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_positive_number(value, name: str, expected: str = "a positive number") -> None:
+    """Raise unless `value` is a finite real number > 0 (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be {expected}, got {value!r}")

@@ -118,7 +118,7 @@ def test_predict_returns_outputs_in_input_order(form, make_net, classification):
     x, y = classification
     net = make_net()
     extra = {"x_only_tensor_dataset": ((TensorDataset(x),), {}),
-             "list_of_x_batches": (([x[i:i + 8] for i in range(0, len(x), 8)],), {})}
+             "list_of_x_batches": (([(x[i:i + 8],) for i in range(0, len(x), 8)],), {})}
     args, kwargs = {**data_forms(x, y), **extra}[form]
     predictions = easyfit.Model(net).predict(args[0], **{"batch_size": 8, **kwargs})
     assert predictions.dtype == torch.float32

@@ -28,7 +28,7 @@ def test_64_makes_the_net_and_inputs_float64(make_net, classification):
     predictions = model.predict(x)   # evaluate / predict keep the precision of the last fit
     assert predictions.dtype == torch.float64
     torch.testing.assert_close(predictions, model.net(x.double()).detach())
-    batches = model.predict([x[:50], x[50:]])
+    batches = model.predict([(x[:50],), (x[50:],)])
     torch.testing.assert_close(batches, predictions)
     assert model.evaluate(*classification, verbose=0)["loss"] < model.history.history["loss"][0]
 
