@@ -5,6 +5,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from easyfit.validation import closest_name
 
@@ -29,6 +30,23 @@ LOSSES: dict[str, Callable[[], nn.Module]] = {
 CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
 REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.HuberLoss, nn.SmoothL1Loss)
+OUTPUTS = ("logits", "probabilities", "log_probabilities")
+#: what the net's outputs are for each loss that says (a regression loss reads them as values: probabilities)
+OUTPUT_KINDS = {
+    "logits": ((nn.CrossEntropyLoss, nn.BCEWithLogitsLoss), (F.cross_entropy, F.binary_cross_entropy_with_logits)),
+    "log_probabilities": ((nn.NLLLoss, nn.KLDivLoss), (F.nll_loss, F.kl_div)),
+    "probabilities": ((nn.BCELoss, *REGRESSION_LOSSES),
+                      (F.binary_cross_entropy, F.mse_loss, F.l1_loss, F.huber_loss, F.smooth_l1_loss)),
+}
+
+
+def output_kind(loss_fn) -> str | None:
+    """Whether the loss reads the net's outputs as logits, probabilities or log-probabilities; None when it is a
+    loss easyfit does not know."""
+    for kind, (classes, functions) in OUTPUT_KINDS.items():
+        if isinstance(loss_fn, classes) or any(loss_fn is function for function in functions):
+            return kind
+    return None
 
 
 def resolve_loss(loss) -> Callable:

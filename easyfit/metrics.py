@@ -7,32 +7,62 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
+from easyfit.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, OUTPUTS, output_kind
 from easyfit.validation import closest_name
 
 
+class Task(NamedTuple):
+    """What the classification metrics were built for, and how each batch is brought to their form."""
+    name: str              # "binary", "multiclass", "multilabel", or "regression" (no classification metric)
+    classes: int           # classes (multiclass) or labels (multilabel); 2 for binary
+    outputs: str           # what the net's outputs are: one of OUTPUTS
+    one_hot_targets: bool  # multiclass targets given as one value per class (one-hot or probabilities): argmax
+
+    def prepare(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities in [0, 1] (so the metrics never guess whether they are logits) and class targets."""
+        if self.outputs == "logits":
+            output = output.softmax(-1) if self.name == "multiclass" else output.sigmoid()
+        elif self.outputs == "log_probabilities":
+            output = output.exp()
+        else:
+            output = output.clamp(0, 1)
+        if self.one_hot_targets:
+            target = target.argmax(-1)
+        elif self.name == "multilabel":
+            target = (target >= 0.5).long()
+        return output, target
+
+
 def _classification(metric_name: str, **extra) -> Callable:
-    def build(task: str, num_classes: int):
+    def build(task: Task):
         import torchmetrics
         cls = getattr(torchmetrics, metric_name)
         top_k = extra.get("top_k", 1)
-        outputs = 1 if task == "binary" else num_classes
-        if top_k > outputs:
+        if top_k > 1 and task.name != "multiclass":
+            raise ValueError(f"top{top_k}_accuracy needs a multiclass task (one output per class and class "
+                             f"targets); this is a {task.name} task with {task.classes if task.name != 'binary' else 1}"
+                             " output column(s). Use 'accuracy' instead.")
+        if top_k > task.classes:
             raise ValueError(f"top{top_k}_accuracy needs a net with at least {top_k} outputs (one per class); "
-                             f"this one has {outputs}. Use 'accuracy' instead.")
-        if task == "binary":
+                             f"this one has {task.classes}. Use 'accuracy' instead.")
+        if task.name == "binary":
             return cls(task="binary", **extra)
-        return cls(task="multiclass", num_classes=num_classes, **extra)
+        if task.name == "multilabel":   # accuracy over every (sample, label) pair; the others macro over labels
+            return cls(task="multilabel", num_labels=task.classes, **{"average": "micro", **extra})
+        return cls(task="multiclass", num_classes=task.classes, **extra)
+    build.classification = True
     return build
 
 
 def _regression(metric_name: str, **extra) -> Callable:
-    def build(task: str, num_classes: int):
+    def build(task: Task):
         import torchmetrics
         return getattr(torchmetrics, metric_name)(**extra)
+    build.classification = False
     return build
 
 
@@ -72,20 +102,38 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-TASKS = ("binary", "multiclass")
+TASKS = ("binary", "multiclass", "multilabel", "regression")
 
 
-def infer_task(output: torch.Tensor, target: torch.Tensor) -> tuple[str, int]:
-    """("binary", 2) for one output per sample, else ("multiclass", number of output columns)."""
-    if output.dim() >= 2 and output.shape[-1] > 1:
-        return "multiclass", output.shape[-1]
-    return "binary", 2
+def infer_task(output: torch.Tensor, target: torch.Tensor, loss_fn: Any) -> Task:
+    """The classification task from the outputs, the targets and the loss (see docs/api.md, "Metric names")."""
+    outputs = output_kind(loss_fn) or ("probabilities" if _within_unit_interval(output) else "logits")
+    if output.dim() < 2 or output.shape[-1] == 1:
+        return Task("binary", 2, outputs, False)
+    columns = output.shape[-1]
+    if target.shape != output.shape:   # class indices
+        return Task("multiclass", columns, outputs, False)
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES):   # class probabilities (one-hot or soft) as targets
+        return Task("multiclass", columns, outputs, True)
+    binary_values = bool(((target == 0) | (target == 1)).all())
+    if isinstance(loss_fn, BINARY_LOSSES) or (binary_values and not bool((target.sum(-1) == 1).all())):
+        return Task("multilabel", columns, outputs, False)
+    if binary_values or bool((target >= 0).all() & (target.sum(-1) - 1).abs().lt(1e-4).all()):
+        return Task("multiclass", columns, outputs, True)
+    raise ValueError(f"classification metrics need class targets: class indices, one-hot rows or 0/1 labels; "
+                     f"got {target.dtype} targets of shape {tuple(target.shape)} that are none of these. "
+                     "Use regression metrics ('mae', 'mse', 'r2') for these targets.")
+
+
+def _within_unit_interval(output: torch.Tensor) -> bool:
+    return bool(((output >= 0) & (output <= 1)).all())
 
 
 class MetricSet:
     """The metrics of a Model: names and torchmetrics objects, updated per batch, computed per epoch."""
 
-    def __init__(self, metrics: Any):
+    def __init__(self, metrics: Any, loss_fn: Any = None):
+        self.loss_fn = loss_fn   # tells whether the outputs are logits or probabilities, and the task
         if metrics is None:
             metrics = []
         if isinstance(metrics, (str, torch.nn.Module)):
@@ -101,7 +149,9 @@ class MetricSet:
             else:
                 raise TypeError(f"a metric must be a name or a torchmetrics.Metric; got {type(metric).__name__}")
         self.names = list(self.pending) + list(self.metrics)
-        self.task: tuple[str, int] | None = None   # (task, num_classes) the named metrics were built for
+        self.task: Task | None = None   # what the named metrics were built for
+        self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
+        self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are
         self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
 
     def __bool__(self) -> bool:
@@ -109,12 +159,15 @@ class MetricSet:
 
     def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
         """Create the named metrics for this task, on the output's device (first batch only)."""
-        self._build(infer_task(output, target), output.device)
+        classification = any(METRICS[key].classification for key in self.pending.values())
+        task = infer_task(output, target, self.loss_fn) if classification else Task("regression", 0, OUTPUTS[0], False)
+        self._build(task, output.device)
 
-    def _build(self, task: tuple[str, int], device: torch.device) -> None:
+    def _build(self, task: Task, device: torch.device) -> None:
         self.task = task
         for name, key in self.pending.items():
-            self.metrics[name] = METRICS[key](*task)
+            self.metrics[name] = METRICS[key](task)
+            (self.classified if METRICS[key].classification else self.raw).append(self.metrics[name])
         self.pending = {}
         for metric in self.metrics.values():
             metric.to(device)
@@ -125,11 +178,13 @@ class MetricSet:
         Call it on every rank before the first multi-process `compute`: one collective, that first time only."""
         if self.task_shared:
             return
-        task = torch.tensor([[TASKS.index(self.task[0]), self.task[1]]]) if self.task else torch.empty(0, 2)
-        known = [part for part in strategy.all_gather(task.long().to(strategy.root_device)) if len(part)]
+        task = self.task
+        encoded = (torch.tensor([[TASKS.index(task.name), task.classes, OUTPUTS.index(task.outputs),
+                                  task.one_hot_targets]]) if task else torch.empty(0, 4))
+        known = [part for part in strategy.all_gather(encoded.long().to(strategy.root_device)) if len(part)]
         if self.pending and known:
-            task_index, num_classes = known[0][0].tolist()
-            self._build((TASKS[task_index], num_classes), strategy.root_device)
+            name, classes, outputs, one_hot = known[0][0].tolist()
+            self._build(Task(TASKS[name], classes, OUTPUTS[outputs], bool(one_hot)), strategy.root_device)
         self.task_shared = True
 
     def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
@@ -138,8 +193,12 @@ class MetricSet:
         output = output.detach()
         if output.dim() == target.dim() + 1 and output.shape[-1] == 1:
             output = output.squeeze(-1)
-        for metric in self.metrics.values():
+        for metric in self.raw:
             metric.update(output, target)
+        if self.classified:
+            output, target = self.task.prepare(output, target)
+            for metric in self.classified:
+                metric.update(output, target)
 
     def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:
         """Epoch values; with a `sync_fn` (the strategy's gather), over all processes, every rank taking part even

@@ -104,7 +104,7 @@ class Model:
                      "lr": lr, "metrics": metric_names(metrics)}
         self.scheduler = _build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
-        self.metrics = MetricSet(metrics)
+        self.metrics = MetricSet(metrics, self.loss_fn)
         self.history = History()
         self.strategy: Strategy = Strategy()
         self._training: TrainingObjects | None = None   # what the strategy's setup returned, while a fit runs
