@@ -132,18 +132,19 @@ class Loop:
             train_batches.set_epoch(epoch)
             begin_logs: dict[str, float] = {}   # values a callback records for this epoch (e.g. "lr")
             callbacks.call("on_epoch_begin", epoch, begin_logs)
-            logs = self.train_epoch(train_batches)
+            logs = self.train_epoch(train_batches, epoch)
             if val_batches is not None and (epoch + 1) % validation_freq == 0:
                 logs.update({f"val_{key}": value for key, value in self.evaluate(val_batches).items()})
             logs.update(begin_logs)
             self._step_scheduler_per_epoch(logs, "val_loss" if val_batches is not None else "loss")
             model.completed_epochs = epoch + 1
+            model.position.end()
             callbacks.call("on_epoch_end", epoch, logs)
             if model.stop_training:
                 break
         callbacks.call("on_train_end", None)
 
-    def train_epoch(self, batches) -> dict[str, float]:
+    def train_epoch(self, batches, epoch: int = 0) -> dict[str, float]:
         net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
         callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
         accumulate = self.settings.gradient_accumulation_steps
@@ -152,9 +153,11 @@ class Loop:
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
         num_batches = batch_count(batches)
+        position = model.position
+        remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
-        for step, batch in enumerate(batches):
+        for step, batch in enumerate(remaining, first):
             if batch_begin:
                 callbacks.call("on_train_batch_begin", step, None)
             inputs, target = split_batch(precision.convert_input(batch))
@@ -172,6 +175,7 @@ class Loop:
                 self._optimizer_step()
             elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
                 strategy.optimizer_step(optimizer, precision)
+            position.batches_done = step + 1
             loss = loss.detach()
             size = batch_length(target if target is not None else inputs)
             tracker.add(loss, size)

@@ -28,6 +28,7 @@ from easyfit.lr_scaling import (
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
+from easyfit.resume import EpochPosition
 from easyfit.validation import check_positive_int, check_positive_number, closest_name
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
@@ -111,6 +112,7 @@ class Model:
         self._has_run = False
         self.stop_training = False
         self.completed_epochs = 0
+        self.position = EpochPosition()   # how far the current epoch has trained (for mid-epoch checkpoints)
         self._precision = Precision("32")
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
@@ -232,6 +234,7 @@ class Model:
             "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
             "scaler": self._precision.state_dict(),
             "epoch": self.completed_epochs,
+            "position": self.position.state_dict(),
             "lr_multiplier": self._lr_multiplier,
             "history": self.history.state_dict(),
             "callbacks": self._callbacks.state_dict(),
@@ -254,6 +257,7 @@ class Model:
         if training:
             self._precision.load_state_dict(state["scaler"])
             self._callbacks.load_state_dict(state["callbacks"])
+            self.position = EpochPosition.from_state(state.get("position"))
             torch.set_rng_state(state["rng"].cpu())
             if state.get("cuda_rng") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(state["cuda_rng"])
@@ -332,7 +336,7 @@ class Model:
             if options.resume_from is not None:
                 self.restore(strategy.load_checkpoint(options.resume_from), training=True)
                 initial_epoch = self.completed_epochs
-            warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch)
+            warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
             self.stop_training = False
@@ -343,7 +347,8 @@ class Model:
                 self._lr_multiplier = 1.0
 
     @staticmethod
-    def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int) -> Warmup | None:
+    def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
+                position: EpochPosition) -> Warmup | None:
         """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
         if not options.lr_warmup_epochs:
             return None
@@ -351,9 +356,10 @@ class Model:
         if num_batches is None:
             raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
                              "this data has no length")
-        steps_per_epoch = -(-num_batches // options.gradient_accumulation_steps)   # a short last window steps too
+        accumulate = options.gradient_accumulation_steps
+        steps_per_epoch = -(-num_batches // accumulate)   # a short last window steps too
         return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
-                      steps_done=initial_epoch * steps_per_epoch)
+                      steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
 
     def _fit_params(self, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
                     steps_per_epoch: int | None) -> dict:

@@ -1,6 +1,8 @@
 """The callback interface (Keras' hook names) and the list that dispatches to callbacks."""
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 HOOKS = (
@@ -32,6 +34,11 @@ class Callback:
     def state_dict(self) -> dict:
         """What a checkpoint stores for this callback (to resume exactly)."""
         return {}
+
+    def state_key(self) -> str:
+        """The name this callback's state is saved under, to find it again when resuming whatever the order of the
+        callbacks or the display: its kind, plus what it monitors or writes where that tells two apart."""
+        return type(self).__name__
 
     def load_state_dict(self, state: dict) -> None:
         pass
@@ -70,17 +77,46 @@ class CallbackList:
             listener(*args)
 
     def state_dict(self) -> dict:
-        return {_key(c, i): c.state_dict() for i, c in enumerate(self.callbacks) if c.state_dict()}
+        """{state key: state} of every callback with a state (two alike are told apart by a count: "#2")."""
+        states: dict[str, dict] = {}
+        for callback in self.callbacks:
+            state = callback.state_dict()
+            if state:
+                states[_unique(callback.state_key(), states)] = state
+        return states
 
     def load_state_dict(self, states: dict) -> None:
-        for i, callback in enumerate(self.callbacks):
-            if _key(callback, i) in states:
-                callback.load_state_dict(states[_key(callback, i)])
+        """Give each callback the state saved under its key; warn about saved states no callback takes."""
+        unclaimed, keys = _by_current_keys(states, self.callbacks), {}
+        for callback in self.callbacks:
+            key = _unique(callback.state_key(), keys)
+            keys[key] = callback
+            if key in unclaimed:
+                callback.load_state_dict(unclaimed.pop(key))
+        if unclaimed:
+            warnings.warn(f"resuming: no callback of this fit takes the saved state of {', '.join(unclaimed)}; "
+                          "that state is dropped. Pass the same callbacks (same kind, monitor and filepath) to "
+                          "continue them.", RuntimeWarning, stacklevel=3)
 
 
 def _overrides(callback: Callback, hook: str) -> bool:
     return getattr(type(callback), hook, None) is not getattr(Callback, hook)
 
 
-def _key(callback: Callback, index: int) -> str:
-    return f"{index}:{type(callback).__name__}"
+def _unique(key: str, taken) -> str:
+    """`key`, or `key#2`, `key#3`, ... when callbacks alike already took it."""
+    count = 1
+    while (f"{key}#{count}" if count > 1 else key) in taken:
+        count += 1
+    return f"{key}#{count}" if count > 1 else key
+
+
+def _by_current_keys(states: dict, callbacks: list) -> dict:
+    """The saved states; those of older checkpoints, keyed by position ("0:EarlyStopping"), under the key of the
+    one callback of that kind, when there is exactly one."""
+    renamed = {}
+    for key, state in states.items():
+        old = re.fullmatch(r"\d+:(\w+)", key)
+        kind = [c for c in callbacks if old and type(c).__name__ == old.group(1)]
+        renamed[kind[0].state_key() if len(kind) == 1 else key] = state
+    return renamed

@@ -39,6 +39,9 @@ class EarlyStopping(Callback):
         return {"wait": self.wait, "stopped_epoch": self.stopped_epoch, "best": self.best,
                 "best_epoch": self.best_epoch, "best_weights": self.best_weights}
 
+    def state_key(self) -> str:
+        return f"EarlyStopping(monitor={self.monitor.name!r})"
+
     def load_state_dict(self, state: dict) -> None:
         self.__dict__.update(state)
         if self.best_weights is not None:   # a checkpoint loads onto the training device; keep the copy on the CPU

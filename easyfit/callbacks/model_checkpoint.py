@@ -43,6 +43,9 @@ class ModelCheckpoint(Callback):
     def load_state_dict(self, state: dict) -> None:
         self.best, self.batches_since_save = state["best"], state["batches_since_save"]
 
+    def state_key(self) -> str:
+        return f"ModelCheckpoint(filepath={self.filepath!r}, monitor={self.monitor.name!r})"
+
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
