@@ -59,6 +59,25 @@ def _ddp2(call: Call) -> Strategy:
     return DDP2Strategy()
 
 
+def _zero(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.zero import ZeroStrategy
+    return ZeroStrategy()
+
+
+def _fsdp(cpu_offload: bool) -> Callable[[Call], Strategy]:
+    def build(call: Call) -> Strategy:
+        from easyfit.distributed.strategies.fsdp import FSDPStrategy
+        return FSDPStrategy(cpu_offload=cpu_offload)
+    return build
+
+
+def _sharded(start_method: str) -> Callable[[Call], Strategy]:
+    def build(call: Call) -> Strategy:
+        from easyfit.distributed.strategies.fairscale import ShardedStrategy
+        return ShardedStrategy(start_method=start_method)
+    return build
+
+
 #: name -> builder. A new backend is one module plus one row here.
 STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "single": _single,
@@ -68,9 +87,14 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "ddp_notebook": _ddp("fork", "ddp_notebook"),
     "dp": _dp,
     "ddp2": _ddp2,
+    "zero": _zero,
+    "fsdp": _fsdp(cpu_offload=False),
+    "fsdp_cpu_offload": _fsdp(cpu_offload=True),
+    "ddp_sharded": _sharded("popen"),
+    "ddp_sharded_spawn": _sharded("spawn"),
 }
 #: names of backends that later versions of easyfit add
-PLANNED = ("horovod", "bagua", "ddp_sharded", "fsdp", "deepspeed", "deepspeed_stage_2", "deepspeed_stage_3")
+PLANNED = ("horovod", "bagua", "deepspeed", "deepspeed_stage_2", "deepspeed_stage_3")
 
 
 def auto_strategy_name(call: Call) -> str:

@@ -120,6 +120,11 @@ NAMED = {
     "ddp_notebook": ("DDPStrategy", "fork", "ProcessLauncher"),
     "dp": ("DataParallelStrategy", None, None),
     "ddp2": ("DDP2Strategy", None, None),
+    "zero": ("ZeroStrategy", "popen", "ScriptLauncher"),
+    "fsdp": ("FSDPStrategy", "popen", "ScriptLauncher"),
+    "fsdp_cpu_offload": ("FSDPStrategy", "popen", "ScriptLauncher"),
+    "ddp_sharded": ("ShardedStrategy", "popen", "ScriptLauncher"),
+    "ddp_sharded_spawn": ("ShardedStrategy", "spawn", "ProcessLauncher"),
 }
 
 
@@ -224,7 +229,7 @@ def test_unknown_name_suggests_the_closest_and_lists_the_valid_ones():
         connect("dpp", devices="garbage")   # the name is reported before the devices
     message = str(error.value)
     assert message.startswith("unknown strategy 'dpp'.") and "'ddp'" in message
-    assert "Valid names: auto, single, ddp, ddp_spawn, ddp_fork, ddp_notebook, dp, ddp2." in message
+    assert f"Valid names: auto, {', '.join(STRATEGIES)}." in message
 
 
 @pytest.mark.parametrize("name", PLANNED)

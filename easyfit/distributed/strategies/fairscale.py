@@ -1,0 +1,70 @@
+"""FairScale sharded training: OSS shards the optimizer state and ShardedDataParallel reduces each gradient only to
+the rank that owns it. (FairScale's own FullyShardedDataParallel needs CUDA streams; for parameter sharding on any
+device use strategy="fsdp".)"""
+from __future__ import annotations
+
+import torch
+
+from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.sharding import constructor_defaults, move_scheduler, regrouped, require
+
+
+class ShardedStrategy(DDPStrategy):
+    """strategy="ddp_sharded" (script re-launch, torchrun, SLURM) / "ddp_sharded_spawn"."""
+
+    def __init__(self, *args, start_method: str = "popen", **kwargs):
+        super().__init__(*args, start_method=start_method, **kwargs)
+        self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"
+        self._scheduler = self._wrapped = None
+        self._precision_name = "32"
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        if self._precision_name == "16-mixed":
+            raise ValueError("strategy='ddp_sharded' does not support precision='16-mixed' (its loss scaler must "
+                             "know the sharding); use precision='bf16-mixed' or '32', or strategy='fsdp'")
+        oss = require("fairscale.optim.oss", "fairscale", self.name)
+        sharded_ddp = require("fairscale.nn.data_parallel", "fairscale", self.name)
+        net.to(self.root_device)
+        cls = type(optimizer)
+        sharded = oss.OSS(regrouped(optimizer, lambda p: p), optim=cls, **constructor_defaults(cls, optimizer.defaults))
+        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
+            sharded.load_state_dict(optimizer.state_dict())
+        move_scheduler(scheduler, sharded)
+        self._scheduler = scheduler
+        self._wrapped = sharded_ddp.ShardedDataParallel(net, sharded)
+        return self._wrapped, sharded, scheduler
+
+    def configure_training(self, settings) -> None:
+        self._precision_name = settings.precision
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
+        move_scheduler(self._scheduler, user_optimizer)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """ShardedDataParallel keeps gradients in reduce buckets: they are zeroed through it (the optimizer's
+        zero_grad(set_to_none=True) would detach them from the buckets and train wrongly, silently)."""
+        self._wrapped.zero_grad(set_to_none=True)
+
+    def no_sync(self, net: torch.nn.Module):
+        return net.no_sync()
+
+    def clip_gradients(self, net, optimizer, max_norm: float, precision) -> None:
+        """The norm over every rank's gradient shard."""
+        precision.unscale_gradients(optimizer)
+        optimizer.clip_grad_norm(max_norm)
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        return (net.module if net is self._wrapped else net).to(self.root_device)
+
+    def module_state(self, net: torch.nn.Module) -> dict:
+        return self.module_for_eval(net).state_dict()
+
+    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
+        self.module_for_eval(net).load_state_dict(state)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The full state in the plain optimizer's format, on every rank."""
+        if not hasattr(optimizer, "consolidate_state_dict"):
+            return optimizer.state_dict()
+        return optimizer.state_dict(all_ranks=True)

@@ -1,0 +1,44 @@
+"""ZeRO stage 1 with torch alone: DistributedDataParallel plus a ZeroRedundancyOptimizer, which keeps on each rank
+only its share of the optimizer state (the user's optimizer class, hyper-parameters and param groups kept)."""
+from __future__ import annotations
+
+import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.sharding import constructor_defaults, move_scheduler, regrouped
+
+
+class ZeroStrategy(DDPStrategy):
+    """strategy="zero": full parameters and gradients on every rank, optimizer state sharded."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = "zero"
+        self._scheduler = None
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
+        cls = type(optimizer)
+        sharded = ZeroRedundancyOptimizer(regrouped(optimizer, lambda p: p), optimizer_class=cls,
+                                          **constructor_defaults(cls, optimizer.defaults))
+        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
+            self.load_optimizer_state(sharded, optimizer.state_dict())
+        move_scheduler(scheduler, sharded)
+        self._scheduler = scheduler
+        return net, sharded, scheduler
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
+        move_scheduler(self._scheduler, user_optimizer)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The full state in the plain optimizer's format, on every rank (gathered on rank 0, then broadcast)."""
+        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+            return optimizer.state_dict()
+        optimizer.consolidate_state_dict(to=0)
+        return self.broadcast(optimizer.state_dict() if self.is_global_zero else None)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        # ZeroRedundancyOptimizer.load_state_dict clears the other ranks' entries of what it is given: give it a copy
+        optimizer.load_state_dict({**state, "state": dict(state["state"])})

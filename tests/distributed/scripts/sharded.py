@@ -1,0 +1,100 @@
+"""Sharded strategies as a real program: several strategies per launch, several checks per strategy.
+
+Usage: python sharded.py OUT_DIR CHECKS STRATEGY [STRATEGY ...] [--devices 2] [--cases plain,accumulate_clip]
+CHECKS is a comma-separated list of:
+  parity      Adam on the combined batch, plain and with accumulation 2 + clipping (weights after fit)
+  checkpoint  a rank-0-only save after fit, a 4 + 4 epoch resume (ModelCheckpoint) and the 8 epochs straight
+  memory      per-rank bytes of parameters and optimizer state on a net of a few million parameters, after a step
+Each rank writes OUT_DIR/<rank>.pt with what it measured; rank 0 adds the weights and the trained predictions.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+import easyfit
+from easyfit.callbacks import ModelCheckpoint
+from easyfit.distributed.environments import launch_identity
+from easyfit.distributed.strategies.sharding import rank_memory
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_data, make_net  # noqa: E402
+
+PARITY_CASES = {"plain": {"epochs": 6},
+                "accumulate_clip": {"epochs": 10, "gradient_accumulation_steps": 2, "gradient_clip_val": 0.5}}
+LR = 0.01
+
+
+def fit(strategy: str, devices: int, net=None, **options) -> easyfit.Model:
+    x, y = make_data()
+    net = net or make_net()
+    model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=LR))
+    options = {"epochs": 2, **options}
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0, lr_scaling=None, devices=devices, accelerator="cpu",
+              strategy=strategy, **options)
+    return model
+
+
+def parity(strategy: str, devices: int, cases: list[str]) -> dict:
+    return {case: {k: v.clone() for k, v in fit(strategy, devices, **PARITY_CASES[case]).net.state_dict().items()}
+            for case in cases}
+
+
+def checkpoint(strategy: str, devices: int, out: str) -> dict:
+    x, _ = make_data()
+    model = fit(strategy, devices, epochs=2)
+    saved = os.path.join(out, f"{strategy}-saved.pt")
+    if model.is_global_zero:   # after fit, a save on rank 0 alone must not wait for the other ranks
+        model.save(saved)
+    straight = fit(strategy, devices, epochs=8).net.state_dict()
+    pattern = os.path.join(out, f"{strategy}-epoch{{epoch}}.pt")
+    fit(strategy, devices, epochs=4, callbacks=[ModelCheckpoint(pattern, monitor="loss")])
+    resumed = fit(strategy, devices, epochs=8, resume_from=pattern.format(epoch=4)).net.state_dict()
+    return {"saved": saved, "predictions": model.predict(x, devices=1, strategy="single"),
+            "straight": straight, "resumed": resumed}
+
+
+class Measure(easyfit.callbacks.Callback):
+    """Bytes this rank holds after the first optimizer step of the fit."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 0:
+            self.bytes = rank_memory(self.model._training.net, self.model.optimizer)
+
+
+def memory(strategy: str, devices: int) -> dict:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024), torch.nn.Tanh(),
+                              torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 3))
+    measure = Measure()
+    fit(strategy, devices, net=net, epochs=1, callbacks=[measure])
+    return measure.bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("checks")
+    parser.add_argument("strategies", nargs="+")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(PARITY_CASES), help="the parity cases to run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    checks, results = args.checks.split(","), {}
+    for strategy in args.strategies:
+        found = results[strategy] = {}
+        if strategy == "ddp":   # the baseline of the memory check
+            found["memory"] = memory(strategy, args.devices)
+            continue
+        if "parity" in checks:
+            found["parity"] = parity(strategy, args.devices, args.cases.split(","))
+        if "checkpoint" in checks:
+            found["checkpoint"] = checkpoint(strategy, args.devices, args.out)
+        if "memory" in checks:
+            found["memory"] = memory(strategy, args.devices)
+    torch.save(results, os.path.join(args.out, f"{launch_identity()[0]}.pt"))
+
+
+if __name__ == "__main__":
+    main()

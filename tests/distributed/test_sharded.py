@@ -1,0 +1,149 @@
+"""Memory-sharded strategies on 2 CPU processes (gloo): they train what plain PyTorch trains on the combined batch,
+they really shard, and their checkpoints load into a plain net and resume exactly.
+
+Each launch runs several strategies and several checks (tests/distributed/scripts/sharded.py): starting processes and
+the backends' set-up is what costs time here."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import easyfit
+from runner import make_data, make_net, run_script
+
+pytestmark = pytest.mark.timeout(600)
+
+NEEDS_DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="pip install easyfit[deepspeed]")
+NEEDS_FAIRSCALE = pytest.mark.skipif(importlib.util.find_spec("fairscale") is None,
+                                     reason="pip install easyfit[fairscale]")
+TORCH_ONLY = ["zero", "fsdp", "fsdp_cpu_offload"]
+DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+             "deepspeed_stage_3_offload"]
+#: parameters sharded too (not only optimizer state)
+PARAMETER_SHARDING = {"fsdp", "fsdp_cpu_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"}
+
+
+def reference(epochs: int, accumulate: int = 1, clip: float | None = None, lr: float = 0.01) -> dict:
+    """Plain PyTorch, one process: Adam on the combined batch of both ranks (32 samples per micro-step)."""
+    x, y = make_data()
+    net = make_net()
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    window = 32 * accumulate
+    for _ in range(epochs):
+        for start in range(0, len(x), window):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[start:start + window]), y[start:start + window]).backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+            optimizer.step()
+    return net.state_dict()
+
+
+REFERENCES = {"plain": {"epochs": 6}, "accumulate_clip": {"epochs": 10, "accumulate": 2, "clip": 0.5}}
+
+
+def max_difference(actual: dict, expected: dict) -> float:
+    return max((actual[name] - value).abs().max().item() for name, value in expected.items())
+
+
+def run(tmp_path, checks: str, strategies: list[str], *options: str, timeout: float = 500) -> dict:
+    process = run_script(tmp_path, checks, *strategies, *options, script="sharded.py", timeout=timeout)
+    assert process.returncode == 0, process.stderr[-6000:]
+    return {rank: torch.load(path, weights_only=False) for rank, path in enumerate(sorted(tmp_path.glob("[01].pt")))}
+
+
+def check_parity(outcome: dict, strategies: list[str]) -> None:
+    expected = {case: reference(**options) for case, options in REFERENCES.items()}
+    for strategy in strategies:
+        for case, weights in outcome[0][strategy]["parity"].items():   # each case the script ran
+            difference = max_difference(weights, expected[case])
+            print(f"parity {strategy:28s} {case:16s} max weight difference {difference:.2e}")
+            assert difference <= 1e-5, f"{strategy} ({case}) differs from plain PyTorch by {difference}"
+
+
+def check_checkpoints(outcome: dict, strategies: list[str]) -> None:
+    x, _ = make_data()
+    for strategy in strategies:
+        found = outcome[0][strategy]["checkpoint"]
+        restored = easyfit.Model.load(found["saved"], net=make_net())   # one process, a plain net
+        torch.testing.assert_close(restored.predict(x), found["predictions"], rtol=0, atol=0)
+        difference = max_difference(found["resumed"], found["straight"])
+        print(f"resume {strategy:28s} 4 + 4 epochs vs 8 straight: max weight difference {difference:.2e}")
+        assert difference <= 1e-6, f"{strategy}: resumed training differs from straight training by {difference}"
+
+
+def check_memory(outcome: dict, strategies: list[str]) -> None:
+    baseline = outcome[0]["ddp"]["memory"]
+    print(f"{'strategy':28s} {'rank':>4s} {'parameters':>12s} {'ratio':>6s} {'optimizer':>12s} {'ratio':>6s}")
+    for strategy in ["ddp", *strategies]:
+        for rank in (0, 1):
+            held = outcome[rank][strategy]["memory"]
+            ratios = {key: held[key] / baseline[key] for key in held}
+            print(f"{strategy:28s} {rank:4d} {held['parameters']:12d} {ratios['parameters']:6.2f} "
+                  f"{held['optimizer_state']:12d} {ratios['optimizer_state']:6.2f}")
+            if strategy == "ddp":
+                continue
+            assert ratios["optimizer_state"] <= 0.55, f"{strategy} rank {rank} holds {ratios}"
+            if strategy in PARAMETER_SHARDING:
+                assert ratios["parameters"] <= 0.55, f"{strategy} rank {rank} holds {ratios}"
+
+
+def test_torch_sharded_strategies_match_plain_pytorch_and_shard(tmp_path):
+    outcome = run(tmp_path, "parity,memory", ["ddp", *TORCH_ONLY])
+    check_parity(outcome, TORCH_ONLY)
+    check_memory(outcome, TORCH_ONLY)
+
+
+def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
+    check_checkpoints(run(tmp_path, "checkpoint", TORCH_ONLY), TORCH_ONLY)
+
+
+@NEEDS_DEEPSPEED
+def test_deepspeed_stages_match_plain_pytorch_and_shard(tmp_path):
+    outcome = run(tmp_path, "parity,memory", ["ddp", *DEEPSPEED])
+    check_parity(outcome, DEEPSPEED)
+    check_memory(outcome, DEEPSPEED)
+
+
+@NEEDS_DEEPSPEED
+def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
+    check_checkpoints(run(tmp_path, "checkpoint", DEEPSPEED), DEEPSPEED)
+
+
+@NEEDS_FAIRSCALE
+def test_fairscale_sharded_matches_plain_pytorch_shards_and_resumes(tmp_path):
+    outcome = run(tmp_path, "parity,memory,checkpoint", ["ddp", "ddp_sharded"])
+    check_parity(outcome, ["ddp_sharded"])
+    check_memory(outcome, ["ddp_sharded"])
+    check_checkpoints(outcome, ["ddp_sharded"])
+
+
+@NEEDS_FAIRSCALE
+def test_fairscale_sharded_spawn_trains_like_plain_pytorch(tmp_path):
+    """The same strategy as ddp_sharded with spawned ranks: the caller's net gets rank 0's weights."""
+    check_parity(run(tmp_path, "parity", ["ddp_sharded_spawn"], "--cases", "plain"), ["ddp_sharded_spawn"])
+
+
+# ---------------------------------------------------------------- in this process
+def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch):
+    from easyfit.distributed.strategies.sharding import require
+    monkeypatch.setitem(__import__("sys").modules, "fairscale", None)
+    with pytest.raises(ImportError, match=r"strategy 'ddp_sharded' needs the fairscale package.*"
+                                          r"pip install easyfit\[fairscale\]"):
+        require("fairscale.optim.oss", "fairscale", "ddp_sharded")
+
+
+def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():
+    from easyfit.distributed.strategies.sharding import rebuild_optimizer
+    net = make_net()
+    optimizer = torch.optim.AdamW([{"params": net[0].parameters(), "lr": 0.5, "weight_decay": 0.1},
+                                   {"params": net[2].parameters()}], lr=0.01, betas=(0.8, 0.9))
+    copies = {id(p): torch.nn.Parameter(p.detach().clone()) for p in net.parameters()}
+    rebuilt = rebuild_optimizer(optimizer, lambda p: copies[id(p)])
+    assert type(rebuilt) is torch.optim.AdamW and rebuilt.defaults == optimizer.defaults
+    for group, original in zip(rebuilt.param_groups, optimizer.param_groups):
+        assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in original.items() if k != "params"}
+        assert [p is copies[id(q)] for p, q in zip(group["params"], original["params"])] == [True] * len(group["params"])
