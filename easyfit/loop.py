@@ -162,7 +162,7 @@ class Loop:
                 callbacks.call("on_train_batch_begin", step, None)
             inputs, target = split_batch(precision.convert_input(batch))
             boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
-            with (SYNC if boundary or divisor == 1 else strategy.no_sync(net)):
+            with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
                 with autocast:
                     output = call_net(net, inputs)
                     if not self.targets_checked:

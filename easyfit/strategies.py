@@ -14,6 +14,10 @@ CLASSES = {
     "ParallelStrategy": ("easyfit.distributed.strategies.ddp", "ParallelStrategy"),
     "DataParallel": ("easyfit.distributed.strategies.dp", "DataParallelStrategy"),
     "DDP2": ("easyfit.distributed.strategies.ddp2", "DDP2Strategy"),
+    "Zero": ("easyfit.distributed.strategies.zero", "ZeroStrategy"),
+    "FSDP": ("easyfit.distributed.strategies.fsdp", "FSDPStrategy"),
+    "DDPSharded": ("easyfit.distributed.strategies.fairscale", "ShardedStrategy"),
+    "DeepSpeed": ("easyfit.distributed.strategies.deepspeed", "DeepSpeedStrategy"),
 }
 __all__ = list(CLASSES)
 

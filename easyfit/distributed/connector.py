@@ -78,6 +78,13 @@ def _sharded(start_method: str) -> Callable[[Call], Strategy]:
     return build
 
 
+def _deepspeed(stage: int, offload: bool = False) -> Callable[[Call], Strategy]:
+    def build(call: Call) -> Strategy:
+        from easyfit.distributed.strategies.deepspeed import DeepSpeedStrategy
+        return DeepSpeedStrategy(stage=stage, offload_optimizer=offload, offload_parameters=offload and stage == 3)
+    return build
+
+
 #: name -> builder. A new backend is one module plus one row here.
 STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "single": _single,
@@ -92,9 +99,15 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "fsdp_cpu_offload": _fsdp(cpu_offload=True),
     "ddp_sharded": _sharded("popen"),
     "ddp_sharded_spawn": _sharded("spawn"),
+    "deepspeed": _deepspeed(2),
+    "deepspeed_stage_1": _deepspeed(1),
+    "deepspeed_stage_2": _deepspeed(2),
+    "deepspeed_stage_2_offload": _deepspeed(2, offload=True),
+    "deepspeed_stage_3": _deepspeed(3),
+    "deepspeed_stage_3_offload": _deepspeed(3, offload=True),
 }
 #: names of backends that later versions of easyfit add
-PLANNED = ("horovod", "bagua", "deepspeed", "deepspeed_stage_2", "deepspeed_stage_3")
+PLANNED = ("horovod", "bagua")
 
 
 def auto_strategy_name(call: Call) -> str:

@@ -125,6 +125,9 @@ NAMED = {
     "fsdp_cpu_offload": ("FSDPStrategy", "popen", "ScriptLauncher"),
     "ddp_sharded": ("ShardedStrategy", "popen", "ScriptLauncher"),
     "ddp_sharded_spawn": ("ShardedStrategy", "spawn", "ProcessLauncher"),
+    **{name: ("DeepSpeedStrategy", "popen", "ScriptLauncher") for name in
+       ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+        "deepspeed_stage_3_offload")},
 }
 
 

@@ -147,3 +147,26 @@ def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():
     for group, original in zip(rebuilt.param_groups, optimizer.param_groups):
         assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in original.items() if k != "params"}
         assert [p is copies[id(q)] for p, q in zip(group["params"], original["params"])] == [True] * len(group["params"])
+
+
+def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monkeypatch):
+    from easyfit.distributed.strategies.deepspeed import DeepSpeedStrategy
+    from easyfit.loop import TrainingSettings
+    path = tmp_path / "ds.json"
+    path.write_text('{"gradient_clipping": 2.0, "zero_optimization": {"reduce_bucket_size": 1000}}')
+    monkeypatch.setenv("EASYFIT_DEEPSPEED_CONFIG", str(path))
+    strategy = easyfit.strategies.DeepSpeed(stage=3, offload_optimizer=True, offload_parameters=True,
+                                            allgather_bucket_size=5e8, reduce_bucket_size=5e8)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    strategy.configure_training(TrainingSettings(batch_size=16, gradient_accumulation_steps=4, precision="bf16-mixed"))
+    config = strategy.config()
+    assert config["train_micro_batch_size_per_gpu"] == 16 and config["gradient_accumulation_steps"] == 4
+    assert config["gradient_clipping"] == 2.0 and config["bf16"] == {"enabled": True}
+    assert config["zero_optimization"]["reduce_bucket_size"] == 1000   # the user's key won
+    assert config["zero_optimization"]["allgather_bucket_size"] == 500_000_000
+    assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG")
+    plain = easyfit.strategies.DeepSpeed()
+    plain.configure_training(TrainingSettings())
+    assert plain.config()["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"

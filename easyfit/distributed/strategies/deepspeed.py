@@ -1,0 +1,357 @@
+"""DeepSpeed ZeRO stages 1-3, with optional CPU offload of the optimizer (stages 2, 3) and parameters (stage 3).
+
+The DeepSpeed engine owns the step: it scales the loss for accumulation, reduces and partitions gradients, clips,
+steps the optimizer and zeroes the gradients. The user's optimizer is rebuilt over a copy of the net and handed to
+the engine as its client optimizer, so no C++ optimizer op has to compile (a "optimizer" section in the user's config
+asks DeepSpeed for its own instead). Checkpoints hold the full fp32 weights and the optimizer state in the plain
+optimizer's format (gathered from every rank), or, with `state_dict_type="sharded"`, DeepSpeed's own directory.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from typing import Any
+
+import torch
+
+from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
+from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, require
+from easyfit.precision import Precision
+
+CONFIG_VARIABLE = "EASYFIT_DEEPSPEED_CONFIG"
+STATE_FORMATS = ("full", "sharded")
+CLIENT_STATE_KEY = "easyfit"
+
+
+class DeepSpeedPrecision(Precision):
+    """Mixed precision as DeepSpeed does it: the engine holds the net in fp16 / bf16 (with fp32 master weights in
+    the optimizer), so inputs are cast to that dtype and there is no autocast."""
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def convert_input(self, batch: Any) -> Any:
+        if self.autocast_dtype is None:
+            return super().convert_input(batch)
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.autocast_dtype) if batch.is_floating_point() else batch
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.convert_input(item) for item in batch)
+        if isinstance(batch, dict):
+            return {key: self.convert_input(value) for key, value in batch.items()}
+        return batch
+
+
+def merge(defaults: dict, user: dict) -> dict:
+    """`defaults` with `user` laid over it, nested sections merged key by key: every key the user sets wins."""
+    merged = dict(defaults)
+    for key, value in user.items():
+        merged[key] = merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def read_config(config: str | os.PathLike | dict | None) -> dict:
+    """The user's DeepSpeed config: a dict, a JSON file, or the file EASYFIT_DEEPSPEED_CONFIG names; {} if none."""
+    if config is None:
+        config = os.environ.get(CONFIG_VARIABLE) or None
+    if config is None or isinstance(config, dict):
+        return dict(config or {})
+    path = os.fspath(config)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the DeepSpeed config {path!r} does not exist; pass a dict or the path of a JSON file")
+    with open(path, encoding="utf-8") as file:
+        try:
+            return json.load(file)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the DeepSpeed config {path!r} is not valid JSON: {error}") from None
+
+
+class DeepSpeedStrategy(DDPStrategy):
+    """strategy="deepspeed" (ZeRO stage 2) and the "deepspeed_stage_*" names; `easyfit.strategies.DeepSpeed`.
+
+    Args:
+        stage: the ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters.
+        offload_optimizer: keep optimizer state (and the step) in CPU memory (stages 2 and 3).
+        offload_parameters: keep parameters in CPU memory between uses (stage 3).
+        allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements.
+        config: a DeepSpeed config (dict or JSON path; default: the EASYFIT_DEEPSPEED_CONFIG variable). Every key
+            set there wins over what easyfit derives from fit's arguments.
+        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (DeepSpeed's checkpoint
+            directory, every rank writing its partition).
+        hand_back: put the full trained weights into the user's net at the end of fit.
+    """
+
+    handles_accumulation = True
+    handles_clipping = True
+
+    def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
+                 allgather_bucket_size: float | None = None, reduce_bucket_size: float | None = None,
+                 config: str | os.PathLike | dict | None = None, state_dict_type: str = "full",
+                 hand_back: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if stage not in (1, 2, 3):
+            raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
+        if offload_parameters and stage != 3:
+            raise ValueError("offload_parameters needs stage=3 (only stage 3 partitions parameters)")
+        if state_dict_type not in STATE_FORMATS:
+            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
+        self.stage, self.offload_optimizer, self.offload_parameters = stage, offload_optimizer, offload_parameters
+        self.buckets = {"allgather_bucket_size": allgather_bucket_size, "reduce_bucket_size": reduce_bucket_size}
+        self.user_config = read_config(config)
+        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
+        self.name = "deepspeed"
+        self.settings = None
+        self.engine = self._optimizer = self._scheduler = self._user_net = None
+        self._accumulating = False
+        self._params: list[torch.nn.Parameter] = []
+        self._group_sizes: list[int] = []
+
+    # --- configuration --------------------------------------------------------------
+    def configure_training(self, settings) -> None:
+        if settings.precision == "64":
+            raise ValueError("DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'")
+        self.settings = settings
+
+    def config(self) -> dict:
+        """The config handed to DeepSpeed: defaults derived from fit's arguments, then the user's keys over them."""
+        settings = self.settings
+        zero: dict[str, Any] = {"stage": self.stage}
+        zero.update({key: int(value) for key, value in self.buckets.items() if value is not None})
+        pin = self.accelerator == "cuda"   # page-locked CPU memory only helps copies to a GPU
+        if self.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if self.offload_parameters:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        derived = {
+            "train_micro_batch_size_per_gpu": settings.batch_size,
+            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+            # DeepSpeed clips at 1.0 unless told otherwise: training must not change silently
+            "gradient_clipping": float(settings.gradient_clip_val or 0.0),
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,   # the user's torch optimizer, also with offload
+            "steps_per_print": 2 ** 31,
+        }
+        if settings.precision == "bf16-mixed":
+            derived["bf16"] = {"enabled": True}
+        elif settings.precision == "16-mixed":
+            derived["fp16"] = {"enabled": True}
+        return merge(derived, self.user_config)
+
+    def precision_plugin(self, current: Precision, requested) -> Precision:
+        plugin = super().precision_plugin(current, requested)
+        return plugin if isinstance(plugin, DeepSpeedPrecision) else DeepSpeedPrecision(plugin.name, plugin.device)
+
+    # --- life -----------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        # DeepSpeed reads the ranks from the variables its own launcher and torchrun set; easyfit's rank 0 has none
+        for variable, value in (("LOCAL_RANK", self.local_rank), ("RANK", self.global_rank),
+                                ("WORLD_SIZE", self.world_size)):
+            os.environ.setdefault(variable, str(value))
+        require("deepspeed", "deepspeed", self.name).init_distributed(dist_backend=self.process_group_backend)
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        deepspeed = require("deepspeed", "deepspeed", self.name)
+        config = self.config()
+        built_sharded = any(hasattr(p, "ds_id") for p in net.parameters())   # under module_construction()
+        if not built_sharded:
+            net.to(self.root_device)
+        trained = net if built_sharded else copy.deepcopy(net)
+        names = param_names(net, optimizer)
+        own = dict(trained.named_parameters())
+        client = None
+        if "optimizer" not in config:   # otherwise DeepSpeed builds the optimizer the config names
+            by_id = dict(zip(map(id, _optimizer_params(optimizer)), names))
+            client = rebuild_optimizer(optimizer, lambda p: own[by_id[id(p)]])
+        engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=client, config=config,
+                                               dist_init_required=False)
+        stepping = client if client is not None else engine.basic_optimizer
+        self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net
+        self._params = [own[name] for name in names]
+        self._group_sizes = [len(group["params"]) for group in optimizer.param_groups]
+        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
+            self.load_optimizer_state(stepping, optimizer.state_dict())
+        move_scheduler(scheduler, stepping)
+        return engine, stepping, scheduler
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        move_scheduler(self._scheduler, user_optimizer)
+        if self.gather_at_end:
+            user_net.load_state_dict(self._full_module_state())
+            user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
+        evaluation batches, and a ZeRO-3 forward would wait for the others at every layer."""
+        if net is self.engine:
+            self._user_net.load_state_dict(self._full_module_state())
+            return self._user_net
+        return super().module_for_eval(net)
+
+    # --- the step -------------------------------------------------------------------
+    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """An accumulation micro-step: the engine is told it is not at a boundary (it reduces and steps at the
+        boundary the loop chose, also for a short last window)."""
+        return self._micro_step()
+
+    @contextlib.contextmanager
+    def _micro_step(self):
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
+    def backward(self, loss: torch.Tensor, precision: Precision) -> None:
+        self.engine.set_gradient_accumulation_boundary(not self._accumulating)
+        self.engine.backward(loss)
+
+    def optimizer_step(self, optimizer, precision: Precision) -> None:
+        self.engine.step()
+
+    def zero_grad(self, optimizer) -> None:
+        """The engine zeroes gradients after each of its steps."""
+
+    # --- state ----------------------------------------------------------------------
+    def _full_module_state(self) -> dict:
+        """The net's state dict with the full fp32 parameters (a collective)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+        module = self.engine.module
+        state = {}
+        for key, value in module.state_dict(keep_vars=True).items():
+            full = safe_get_full_fp32_param(value) if isinstance(value, torch.nn.Parameter) else None
+            state[key] = (full if full is not None else value).detach().to("cpu", copy=True)
+        return state
+
+    def module_state(self, net: torch.nn.Module) -> dict:
+        if net is not self.engine:
+            return super().module_state(net)
+        return {} if self.state_dict_type == "sharded" else self._full_module_state()
+
+    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
+        if net is not self.engine:
+            return super().load_module_state(net, state)
+        if not state:   # a sharded checkpoint: the engine loaded its partitions itself
+            return
+        import deepspeed
+        module = self.engine.module
+        params = dict(module.named_parameters())
+        for name, param in params.items():
+            self._set_full(param, state[name])
+        with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):   # ZeRO-3: re-partitioned
+            own = module.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for key, value in state.items():
+                    own[key].copy_(value)
+
+    def _full_optimizer_state(self, optimizer) -> dict:
+        """The optimizer state in the plain optimizer's format, full tensors on every rank (a collective)."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+        flat_state = next(iter(optimizer.state.values()), {})
+        entries = {}
+        if flat_state:
+            for index, param in enumerate(self._params):
+                entries[index] = {key: (safe_get_full_optimizer_state(param, key).detach().cpu()
+                                        if _is_partitioned(value) else _copy(value))
+                                  for key, value in flat_state.items()}
+        groups, start = [], 0
+        for group, size in zip(optimizer.param_groups, self._group_sizes):
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start,
+                                                                                                    start + size))})
+            start += size
+        return {"state": entries, "param_groups": groups}
+
+    def optimizer_state(self, optimizer) -> dict:
+        if optimizer is not self._optimizer:
+            return super().optimizer_state(optimizer)
+        return {} if self.state_dict_type == "sharded" else self._full_optimizer_state(optimizer)
+
+    def load_optimizer_state(self, optimizer, state: dict) -> None:
+        if optimizer is not self._optimizer:
+            return super().load_optimizer_state(optimizer, state)
+        if not state:   # a sharded checkpoint: the engine loaded its partitions itself
+            return
+        for group, saved in zip(optimizer.param_groups, state["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        if not state["state"]:
+            return
+        template = state["state"][next(iter(state["state"]))]
+        for flat in self._flat_partitions(optimizer):
+            if not optimizer.state.get(flat):   # before the first step: create the entries, then fill them in
+                optimizer.state[flat] = {key: torch.zeros_like(flat) if _is_partitioned(value) else _copy(value)
+                                         for key, value in template.items()}
+        self._relink()
+        for index, param in enumerate(self._params):
+            for key, value in state["state"][index].items():
+                if _is_partitioned(value):
+                    self._set_full(param, value, key)
+                else:
+                    for flat_state in optimizer.state.values():
+                        flat_state[key] = _copy(value)
+
+    def _set_full(self, param: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
+        """Set the fp32 master copy (key None) or an optimizer state of `param` from its full value. A ZeRO-3
+        partition is cut here: DeepSpeed's own full setter misreads the zero padding of the last partition."""
+        from deepspeed import utils
+        value = value.to(self.root_device, torch.float32)
+        if not hasattr(param, "ds_id"):
+            return utils.safe_set_full_fp32_param(param, value) if key is None \
+                else utils.safe_set_full_optimizer_state(param, value, key)
+        size = param.ds_tensor.numel()
+        padded = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
+        padded[:value.numel()] = value.flatten()
+        local = padded[size * self.global_rank:size * (self.global_rank + 1)]
+        return utils.safe_set_local_fp32_param(param, local) if key is None \
+            else utils.safe_set_local_optimizer_state(param, local, key)
+
+    def _flat_partitions(self, optimizer) -> list[torch.Tensor]:
+        """The flat fp32 partitions of this rank that the stepping optimizer keeps its state for."""
+        zero = self.engine.optimizer
+        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+            if getattr(zero, name, None) is not None:
+                return list(getattr(zero, name))
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _relink(self) -> None:
+        """Point the parameters' fragment maps at optimizer state entries created after the engine was built."""
+        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        """"full": one file written by rank 0. "sharded": DeepSpeed's directory (each rank its partitions), with the
+        rest of the state in its client state."""
+        if self.state_dict_type == "full" or self.engine is None:
+            return super().save_checkpoint(path, state)
+        rest = {key: value for key, value in state.items() if key not in ("net", "optimizer")}
+        self.engine.save_checkpoint(path, tag="checkpoint",
+                                    client_state={CLIENT_STATE_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
+
+    def load_checkpoint(self, path: str) -> dict:
+        if not os.path.isdir(path):
+            return super().load_checkpoint(path)
+        if self.engine is None:
+            raise ValueError(f"{path!r} is a DeepSpeed checkpoint directory: resume it with fit(resume_from=...) "
+                             "under a DeepSpeed strategy, or convert it into one file with "
+                             "easyfit.consolidate_checkpoint")
+        _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
+                                                      load_optimizer_states=True, load_lr_scheduler_states=False)
+        return {**client_state[CLIENT_STATE_KEY], "net": {}, "optimizer": {}}
+
+
+def _is_partitioned(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0
+
+
+def _copy(value):
+    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
