@@ -9,9 +9,9 @@ import importlib.util
 
 import pytest
 import torch
+from runner import make_data, make_net, run_script
 
 import easyfit
-from runner import make_data, make_net, run_script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -146,7 +146,7 @@ def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():
     assert type(rebuilt) is torch.optim.AdamW and rebuilt.defaults == optimizer.defaults
     for group, original in zip(rebuilt.param_groups, optimizer.param_groups):
         assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in original.items() if k != "params"}
-        assert [p is copies[id(q)] for p, q in zip(group["params"], original["params"])] == [True] * len(group["params"])
+        assert all(p is copies[id(q)] for p, q in zip(group["params"], original["params"], strict=True))
 
 
 def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monkeypatch):

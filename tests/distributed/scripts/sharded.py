@@ -19,7 +19,7 @@ from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.sharding import rank_memory
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_data, make_net  # noqa: E402
+from common import make_data, make_net
 
 PARITY_CASES = {"plain": {"epochs": 6},
                 "accumulate_clip": {"epochs": 10, "gradient_accumulation_steps": 2, "gradient_clip_val": 0.5}}
