@@ -338,8 +338,7 @@ class DeepSpeedStrategy(DDPStrategy):
             return super().load_checkpoint(path)
         if self.engine is None:
             raise ValueError(f"{path!r} is a DeepSpeed checkpoint directory: resume it with fit(resume_from=...) "
-                             "under a DeepSpeed strategy, or convert it into one file with "
-                             "easyfit.consolidate_checkpoint")
+                             "under a DeepSpeed strategy (DeepSpeed's zero_to_fp32.py in it writes the plain weights)")
         _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
         return {**client_state[CLIENT_STATE_KEY], "net": {}, "optimizer": {}}
