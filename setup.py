@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 EXTRAS = {
     "deepspeed": ["deepspeed>=0.14"],
     "fairscale": ["fairscale>=0.4.13"],
-    "horovod": ["horovod>=0.28"],
+    "horovod": ["horovod==0.28.1", "cloudpickle", "psutil"],   # build it first: scripts/install_horovod.sh
     "bagua": ["bagua>=0.9"],
     "plot": ["matplotlib>=3.5"],
     "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5"],

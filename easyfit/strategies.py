@@ -18,6 +18,7 @@ CLASSES = {
     "FSDP": ("easyfit.distributed.strategies.fsdp", "FSDPStrategy"),
     "DDPSharded": ("easyfit.distributed.strategies.fairscale", "ShardedStrategy"),
     "DeepSpeed": ("easyfit.distributed.strategies.deepspeed", "DeepSpeedStrategy"),
+    "Horovod": ("easyfit.distributed.strategies.horovod", "HorovodStrategy"),
 }
 __all__ = list(CLASSES)
 

@@ -5,8 +5,9 @@ Precedence, top wins:
   2. What a launcher says (torchrun, SLURM, horovodrun/mpirun, the deepspeed launcher, or an easyfit-started rank)
      beats guessing: the processes exist already, so the world size is theirs, and devices="auto" adopts it.
   3. An explicit strategy name beats "auto".
-  4. "auto": several nodes -> ddp; one device -> single; several devices in a script -> ddp, in a notebook or
-     REPL -> ddp_fork (a notebook cannot re-run itself, and fork needs no pickling).
+  4. "auto": under a backend's own launcher (horovodrun) -> that backend; several nodes -> ddp; one device ->
+     single; several devices in a script -> ddp, in a notebook or REPL -> ddp_fork (a notebook cannot re-run
+     itself, and fork needs no pickling).
 Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
@@ -85,6 +86,11 @@ def _deepspeed(stage: int, offload: bool = False) -> Callable[[Call], Strategy]:
     return build
 
 
+def _horovod(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.horovod import HorovodStrategy
+    return HorovodStrategy()
+
+
 #: name -> builder. A new backend is one module plus one row here.
 STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "single": _single,
@@ -105,13 +111,16 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "deepspeed_stage_2_offload": _deepspeed(2, offload=True),
     "deepspeed_stage_3": _deepspeed(3),
     "deepspeed_stage_3_offload": _deepspeed(3, offload=True),
+    "horovod": _horovod,
 }
 #: names of backends that later versions of easyfit add
-PLANNED = ("horovod", "bagua")
+PLANNED = ("bagua",)
 
 
 def auto_strategy_name(call: Call) -> str:
     """Rule 4 of the module docstring."""
+    if call.external and call.environment.native_strategy:
+        return call.environment.native_strategy
     if call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
         return "ddp"
     if len(call.devices) == 1:

@@ -69,6 +69,8 @@ class ClusterEnvironment:
     creates_processes_externally = True
     #: this process is a copy of the user's script that easyfit's own launcher started
     launched_by_easyfit = False
+    #: the strategy strategy="auto" picks under this launcher, when the launcher belongs to one backend
+    native_strategy: str | None = None
     variables: dict[str, str] = {}
 
     @staticmethod
@@ -293,6 +295,11 @@ class MPIEnvironment(ClusterEnvironment):
     @staticmethod
     def detect() -> bool:
         return _mpi_variables() is not None
+
+    @property
+    def native_strategy(self) -> str | None:
+        """horovodrun (Gloo) sets HOROVOD_RANK: its ranks run Horovod. Under plain mpirun pass strategy='horovod'."""
+        return "horovod" if self.variables["global_rank"] == "HOROVOD_RANK" else None
 
     def node_rank(self) -> int:
         return self.global_rank() // self.local_world_size()

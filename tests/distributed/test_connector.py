@@ -128,6 +128,7 @@ NAMED = {
     **{name: ("DeepSpeedStrategy", "popen", "ScriptLauncher") for name in
        ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
         "deepspeed_stage_3_offload")},
+    "horovod": ("HorovodStrategy", None, "HorovodLauncher"),
 }
 
 

@@ -1,0 +1,234 @@
+"""Horovod: one process per device, gradients averaged by `hvd.DistributedOptimizer`; no torch process group.
+
+Ranks come from `horovodrun` / `mpirun` (the script runs once per process), or, for `devices=N` from a plain
+`python train.py`, from `horovod.run` over Gloo (easyfit's HorovodLauncher). Every collective easyfit needs (the
+epoch loss, metric states, checkpoints) goes through Horovod's own.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler, Sampler
+
+from easyfit.checkpoint import load_checkpoint_file
+from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
+from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper
+from easyfit.optimizers import align_state
+from easyfit.precision import Precision
+
+INSTALL_HINT = ("strategy='horovod' needs Horovod built for this torch with PyTorch and Gloo support. Run "
+                "scripts/install_horovod.sh from the easyfit repository (it builds horovod 0.28.1 once and caches "
+                "the wheel); see docs/horovod.md.")
+REDUCE_OPS = {"sum": "Sum", "mean": "Average", "max": "Max", "min": "Min"}
+
+
+def import_horovod():
+    """`horovod.torch`, or an ImportError that says how to install it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as error:
+        raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    return hvd
+
+
+class HorovodStrategy(Strategy):
+    """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16."""
+
+    name = "horovod"
+
+    def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
+                 num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
+                 compression: str = "none", start_timeout: int = 60):
+        if compression not in ("none", "fp16"):
+            raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
+        self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
+        self.environment, self.compression, self.start_timeout = environment, compression, start_timeout
+        self.backward_passes_per_step = 1
+        self._user_optimizer: torch.optim.Optimizer | None = None
+        self._synchronized = False
+
+    def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
+                  num_nodes: int = 1, environment: ClusterEnvironment | None = None, **_) -> None:
+        """Fill in what the user left unset from the call (the connector calls this)."""
+        self.accelerator = self.accelerator or accelerator
+        self.parallel_devices = self.parallel_devices or parallel_devices or [torch.device(self.accelerator)]
+        self.num_nodes = self.num_nodes or num_nodes
+        self.environment = self.environment or environment or LocalEnvironment()
+
+    # --- identity -------------------------------------------------------------------
+    @property
+    def _hvd(self):
+        """`horovod.torch` once this process has joined the Horovod job; None before."""
+        hvd = import_horovod()
+        return hvd if hvd.is_initialized() else None
+
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node (what `horovod.run` starts for devices=N)."""
+        return len(self.parallel_devices)
+
+    @property
+    def world_size(self) -> int:
+        hvd = self._hvd
+        if hvd is not None:
+            return hvd.size()
+        if self.environment.creates_processes_externally:
+            return self.environment.world_size()
+        return self.num_nodes * self.num_processes
+
+    @property
+    def global_rank(self) -> int:
+        hvd = self._hvd
+        if hvd is not None:
+            return hvd.rank()
+        return self.environment.global_rank() if self.environment.creates_processes_externally else 0
+
+    @property
+    def local_rank(self) -> int:
+        hvd = self._hvd
+        if hvd is not None:
+            return hvd.local_rank()
+        return self.environment.local_rank() if self.environment.creates_processes_externally else 0
+
+    @property
+    def node_rank(self) -> int:
+        hvd = self._hvd
+        return hvd.cross_rank() if hvd is not None else 0
+
+    @property
+    def root_device(self) -> torch.device:
+        if self.accelerator == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return torch.device(self.accelerator or "cpu")
+
+    def check_call(self, call) -> None:
+        if call.num_nodes > 1 and not call.external:
+            raise ValueError("strategy='horovod' starts processes on this machine only; for several machines start "
+                             "the script with horovodrun on the first one, e.g. horovodrun -np 8 -H host1:4,host2:4 "
+                             "python train.py (see docs/horovod.md)")
+
+    @property
+    def launcher(self):
+        if self.environment.creates_processes_externally or self.num_nodes * self.num_processes == 1:
+            return None
+        from easyfit.distributed.launchers.horovod import HorovodLauncher
+        return HorovodLauncher(self)
+
+    # --- life -----------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        hvd = import_horovod()
+        hvd.init()
+        requested = self.num_nodes * self.num_processes
+        if not self.environment.creates_processes_externally and hvd.size() != requested:
+            raise RuntimeError(f"this Horovod job has {hvd.size()} processes, but this call asks for {requested}; "
+                               "every call in a Horovod job must use the same devices and num_nodes")
+        super().setup_environment()
+
+    def configure_training(self, settings) -> None:
+        self.backward_passes_per_step = settings.gradient_accumulation_steps
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        """Broadcast rank 0's weights and optimizer state, and wrap the optimizer in `hvd.DistributedOptimizer`,
+        which shares the user's parameter groups and state (so LR schedules and scaling act on both)."""
+        hvd = import_horovod()
+        net.to(self.root_device)
+        align_state(optimizer)
+        if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0, name="easyfit.has_state"):
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)   # before the weights: it may take a dummy step
+        hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+        compression = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
+        wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
+                                           backward_passes_per_step=self.backward_passes_per_step,
+                                           compression=compression)
+        self._user_optimizer, self._synchronized = optimizer, False
+        _share_state(optimizer, wrapped)
+        return net, wrapped, scheduler
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        _share_state(optimizer, user_optimizer)
+        self._user_optimizer = None
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
+        if self._user_optimizer is not None:
+            _share_state(optimizer, self._user_optimizer)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Rank 0 reads the file and sends it to the others, so only rank 0's machine needs it."""
+        hvd = import_horovod()
+        state = load_checkpoint_file(path, map_location=self.root_device) if self.is_global_zero else None
+        return hvd.broadcast_object(state, root_rank=0, name="easyfit.checkpoint")
+
+    # --- data -----------------------------------------------------------------------
+    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
+        return DistributedSampler(range(dataset_len), num_replicas=self.world_size, rank=self.global_rank,
+                                  shuffle=shuffle, seed=seed)
+
+    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
+        return DistributedSamplerWrapper(sampler, self.global_rank, self.world_size)
+
+    # --- step -----------------------------------------------------------------------
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()   # Horovod's zero_grad takes no arguments; it sets gradients to None
+
+    def clip_gradients(self, net: torch.nn.Module, optimizer, max_norm: float, precision: Precision) -> None:
+        """Clip the averaged gradients: wait for the all-reduce first."""
+        self._synchronize(optimizer)
+        super().clip_gradients(net, optimizer, max_norm, precision)
+
+    def optimizer_step(self, optimizer, precision: Precision) -> None:
+        """All-reduce (unless clipping already did), then step; a gradient scaler unscales averaged gradients."""
+        self._synchronize(optimizer)
+        with optimizer.skip_synchronize():
+            precision.optimizer_step(optimizer)
+        self._synchronized = False
+        self._user_optimizer._opt_called = True   # an LR scheduler checks that its (the user's) optimizer stepped
+
+    def _synchronize(self, optimizer) -> None:
+        if not self._synchronized:
+            optimizer.synchronize()
+            self._synchronized = True
+
+    # --- collectives ----------------------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        hvd = import_horovod()
+        return hvd.allreduce(tensor, op=getattr(hvd, REDUCE_OPS[op]))
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor; first dimensions may differ, and a rank may hold none (an empty tensor)."""
+        if tensor.dim() == 0:
+            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
+        hvd = import_horovod()
+        meta = hvd.allgather_object((len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
+        trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
+        local = tensor.to(dtype).reshape(len(tensor), *trailing)
+        sent = local.to(torch.uint8) if dtype == torch.bool else local   # Horovod's gather has no bool
+        gathered = hvd.allgather(sent).to(dtype)
+        return list(torch.split(gathered, [length for length, _, _ in meta]))
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        # one name on every rank: Horovod matches collectives by name, and its default is the object's type
+        return import_horovod().broadcast_object(obj, root_rank=src, name="easyfit.broadcast")
+
+    def barrier(self) -> None:
+        hvd = self._hvd
+        if hvd is not None:
+            hvd.barrier()
+
+    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Horovod counts backward passes itself (`backward_passes_per_step`), so nothing to skip here."""
+        return contextlib.nullcontext()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(accelerator={self.accelerator!r}, processes_per_node={self.num_processes}, "
+                f"num_nodes={self.num_nodes}, compression={self.compression!r})")
+
+
+def _share_state(source: torch.optim.Optimizer, target: torch.optim.Optimizer) -> None:
+    """Make `target` use `source`'s parameter groups and per-parameter state (the same objects)."""
+    target.param_groups, target.state = source.param_groups, source.state
