@@ -109,7 +109,7 @@ class Model:
         self.history = History()
         self.strategy: Strategy = Strategy()
         self._training: TrainingObjects | None = None   # what the strategy's setup returned, while a fit runs
-        self._has_run = False
+        self._identity: tuple[int, int] | None = None   # (rank, world size) of the last multi-process call
         self.stop_training = False
         self.completed_epochs = 0
         self.position = EpochPosition()   # how far the current epoch has trained (for mid-epoch checkpoints)
@@ -124,12 +124,12 @@ class Model:
 
     @property
     def global_rank(self) -> int:
-        """This process's rank: the last call's, or before any call, what the launcher of this process says."""
-        return self.strategy.global_rank if self._has_run else launch_identity()[0]
+        """This process's rank: the last multi-process call's, or before any, what the launcher of this process says."""
+        return (self._identity or launch_identity())[0]
 
     @property
     def world_size(self) -> int:
-        return self.strategy.world_size if self._has_run else launch_identity()[1]
+        return (self._identity or launch_identity())[1]
 
     # --- public API ---------------------------------------------------------------------
     def fit(self, x=None, y=None, **kwargs) -> History:
@@ -279,7 +279,9 @@ class Model:
     def _in_process(self, strategy: Strategy, method: str, run: RunOptions, **inputs):
         """(result, state to hand back to the caller or None), for this rank."""
         strategy.setup_environment()
-        self.strategy, self._has_run = strategy, True
+        self.strategy = strategy
+        if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
+            self._identity = (strategy.global_rank, strategy.world_size)
         self._precision = strategy.precision_plugin(self._precision, run.precision)
         try:
             result = getattr(self, method)(run, **inputs)

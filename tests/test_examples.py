@@ -55,3 +55,12 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(command for command in commands if command.endswith("python -m pytest"))
     ci_lines = (EXAMPLES.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert test_command in ci_lines
+
+
+def test_custom_strategy_example_matches_plain_pytorch():
+    """docs/strategies.md's example: a user's Strategy subclass passed to fit trains on 2 CPU processes exactly as
+    plain PyTorch does on the combined batch."""
+    output = run_example("custom_strategy.py", timeout=200)
+    match = re.search(r"max weight difference from plain PyTorch: ([0-9.e+-]+)", output)
+    assert match, output
+    assert float(match.group(1)) <= 1e-6

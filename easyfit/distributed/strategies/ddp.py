@@ -121,8 +121,9 @@ class ParallelStrategy(Strategy):
         return self.start_launcher()
 
     def start_launcher(self):
-        """The launcher that creates this call's ranks; None: they are started by hand on each node."""
-        return None
+        """The launcher that creates this call's ranks: the script re-run for the other local ranks."""
+        from easyfit.distributed.launchers import ScriptLauncher
+        return ScriptLauncher(self) if self.num_processes > 1 else None
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -217,10 +218,10 @@ class DDPStrategy(ParallelStrategy):
                              "notebook or REPL. Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
 
     def start_launcher(self):
-        from easyfit.distributed import launchers
         if self.start_method == "popen":
-            return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
-        return launchers.ProcessLauncher(self, self.start_method)
+            return super().start_launcher()
+        from easyfit.distributed.launchers import ProcessLauncher
+        return ProcessLauncher(self, self.start_method)
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         if self.sync_batchnorm:

@@ -31,6 +31,9 @@ class DDP2Strategy(ParallelStrategy):
         self.node_devices = self.parallel_devices
         self.parallel_devices = self.parallel_devices[:1]   # one process per node, rooted at the first device
 
+    def start_launcher(self) -> None:
+        return None   # one process per node: started by hand, torchrun or SLURM on each node
+
     def processes_per_node(self, call) -> int:
         return 1
 
