@@ -32,3 +32,13 @@ def regression() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=generator)
     return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.1 * torch.randn(64, 1, generator=generator)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run where torch sees a CUDA GPU and are skipped, with the reason, elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch sees none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

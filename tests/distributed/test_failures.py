@@ -23,8 +23,14 @@ def _failure_time(stderr: str) -> float:
     return float(match.group(1))
 
 
+#: how long a failure may take to stop every rank: generous, so that a loaded machine does not fail the tests; a run
+#: that hung instead would take minutes (50 epochs, or the process group's timeout)
+PROMPT_SECONDS = 60
+
+
 def _assert_no_orphans(env: dict) -> None:
-    deadline = time.monotonic() + 5
+    """Wait for the event (every marked process gone, read from /proc) with a generous deadline."""
+    deadline = time.monotonic() + 30
     while processes_running(env["EASYFIT_TEST_MARKER"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_running(env["EASYFIT_TEST_MARKER"]) == []
@@ -39,7 +45,7 @@ def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_pa
     assert "rank 1 failed" in process.stderr
     assert "deliberate failure on rank 1 at step 3" in process.stderr
     assert "Traceback" in process.stderr and "on_train_batch_end" in process.stderr
-    assert finished - _failure_time(process.stderr) < 10
+    assert finished - _failure_time(process.stderr) < PROMPT_SECONDS
     _assert_no_orphans(env)
 
 
@@ -50,7 +56,7 @@ def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path):
     finished = time.time()
     assert process.returncode != 0
     assert "rank 1 failed" in process.stderr and "SIGKILL" in process.stderr
-    assert finished - _failure_time(process.stderr) < 10
+    assert finished - _failure_time(process.stderr) < PROMPT_SECONDS
     _assert_no_orphans(env)
 
 
@@ -59,7 +65,7 @@ def test_exception_in_rank_0_stops_the_other_ranks(tmp_path):
     process = run_script(tmp_path, "ddp", "--fail-rank", "0", "--epochs", "50", env=env)
     assert process.returncode != 0
     assert "deliberate failure on rank 0 at step 3" in process.stderr
-    assert time.time() - _failure_time(process.stderr) < 10
+    assert time.time() - _failure_time(process.stderr) < PROMPT_SECONDS
     _assert_no_orphans(env)
 
 
@@ -87,7 +93,7 @@ def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path):
     assert process.returncode != 0
     assert "rank 1 failed" in process.stderr
     assert "deliberate failure before fit on local rank 1" in process.stderr
-    assert time.time() - _failure_time(process.stderr) < 10
+    assert time.time() - _failure_time(process.stderr) < PROMPT_SECONDS
     _assert_no_orphans(env)
 
 
