@@ -121,6 +121,7 @@ class Loop:
         self.warmup = warmup
         self.loss_fn = model.loss_fn
         self.targets_checked = False
+        self.batches_checked = False
         self.optimizer_steps = 0
 
     # --- training -------------------------------------------------------------------
@@ -140,7 +141,7 @@ class Loop:
             model.completed_epochs = epoch + 1
             model.position.end()
             callbacks.call("on_epoch_end", epoch, logs)
-            if model.stop_training:
+            if self._agreed_to_stop():
                 break
         callbacks.call("on_train_end", None)
 
@@ -150,9 +151,12 @@ class Loop:
         accumulate = self.settings.gradient_accumulation_steps
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
+        # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce)
+        agree_per_step = (batch_begin or batch_end) and strategy.world_size > 1
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
         num_batches = batch_count(batches)
+        self._check_even_batches(num_batches)
         position = model.position
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
@@ -183,13 +187,37 @@ class Loop:
                 metrics.update(output, target)
             if batch_end:
                 callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
-            if model.stop_training:
+            if self._agreed_to_stop() if agree_per_step else model.stop_training:
                 break
         if tracker.folded_count == 0 and not tracker.losses:
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         return self._epoch_logs(tracker)
+
+    def _agreed_to_stop(self) -> bool:
+        """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
+        model, strategy = self.model, self.strategy
+        if strategy.world_size > 1:
+            flag = torch.tensor([float(model.stop_training)], device=strategy.root_device)
+            model.stop_training = bool(strategy.reduce(flag, "max").item())
+        return model.stop_training
+
+    def _check_even_batches(self, num_batches: int | None) -> None:
+        """Ranks with different numbers of batches would wait for each other in a step that never comes: compare
+        the counts once (when known) and say what differs."""
+        strategy = self.strategy
+        if self.batches_checked or strategy.world_size == 1 or num_batches is None:
+            return
+        counts = [int(count) for count in strategy.all_gather(
+            torch.tensor([num_batches], device=strategy.root_device))]
+        self.batches_checked = True
+        if len(set(counts)) > 1:
+            per_rank = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
+            raise ValueError(f"the ranks have different numbers of training batches per epoch ({per_rank}), so "
+                             "they would wait for each other in a step that never comes. Pass the same data on "
+                             "every rank (easyfit gives each rank its share), or give every rank's own data the "
+                             "same length.")
 
     def _epoch_logs(self, tracker: LossTracker) -> dict[str, float]:
         """The epoch's loss and metrics over every process; each rank joins the same collectives, even one whose

@@ -273,6 +273,8 @@ class Model:
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
         if state is not None:   # the ranks trained copies: bring rank 0's state back into the caller's objects
             self.restore(state)
+            options = inputs["options"]
+            self._fit_callbacks(options, is_global_zero=True).load_state_dict(state["callbacks"])
             return self.history
         return result
 
@@ -331,8 +333,7 @@ class Model:
             self._lr_multiplier = multiplier
             self.history = History()
             params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
-            display = progress_callbacks(options.verbose, strategy.is_global_zero)
-            callbacks = CallbackList([self.history, *display, *options.callbacks], self, params)
+            callbacks = self._fit_callbacks(options, strategy.is_global_zero, params)
             self._callbacks = callbacks
             initial_epoch = options.initial_epoch
             if options.resume_from is not None:
@@ -347,6 +348,11 @@ class Model:
                     train, val, options.epochs, initial_epoch, options.validation_freq)
             finally:
                 self._lr_multiplier = 1.0
+
+    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None) -> CallbackList:
+        """The History, the progress display and the user's callbacks of a fit, in that order."""
+        display = progress_callbacks(options.verbose, is_global_zero)
+        return CallbackList([self.history, *display, *options.callbacks], self, params or {})
 
     @staticmethod
     def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,

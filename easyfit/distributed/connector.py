@@ -3,7 +3,9 @@
 Precedence, top wins:
   1. A Strategy object beats a name; whatever it leaves unset is filled in from the call.
   2. What a launcher says (torchrun, SLURM, horovodrun/mpirun, the deepspeed launcher, or an easyfit-started rank)
-     beats guessing: the processes exist already, so the world size is theirs, and devices="auto" adopts it.
+     beats guessing: the processes exist already, so the world size is theirs, and devices="auto" adopts it. In
+     rank 0 of a script whose ranks an earlier ddp call started, "auto" means those ranks too, so every rank
+     resolves a call the same way.
   3. An explicit strategy name beats "auto".
   4. "auto": under a backend's own launcher (horovodrun) -> that backend; several nodes -> ddp; one device ->
      single; several devices in a script -> ddp, in a notebook or REPL -> ddp_fork (a notebook cannot re-run
@@ -140,6 +142,16 @@ def strategy_name(strategy: str) -> str:
                      f"Valid names: {', '.join(valid)}.")
 
 
+def _running_script_ranks(name: str, devices, num_nodes: int) -> tuple:
+    """In rank 0 of a script whose ranks an earlier ddp call started, "auto" means those ranks, as it does in the
+    re-run ranks themselves: every rank resolves the call the same way (e.g. evaluate() after fit(strategy="ddp"))."""
+    from easyfit.distributed.launchers.script import running_script_world
+    world = running_script_world()
+    if world is None:
+        return name, devices, num_nodes
+    return "ddp", world[0], world[1]
+
+
 def _check_conflicts(strategy: Strategy, call: Call) -> None:
     """What no strategy that starts its own processes can do, then the strategy's own conflicts."""
     name = strategy.name
@@ -173,6 +185,8 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     5. fill in what the strategy left unset."""
     check_positive_int(num_nodes, "num_nodes")
     name = None if isinstance(strategy, Strategy) else strategy_name(strategy)
+    if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
+        name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
     resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
     if name == "auto":

@@ -22,6 +22,8 @@ import re
 import socket
 
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
+#: the working directory when easyfit was imported: re-run ranks start there even if the script changed it since
+START_DIRECTORY = os.getcwd()
 DEFAULT_PORT = 29500
 INTERACTIVE_SLURM_JOBS = ("bash", "interactive")
 RANKS = ("world_size", "global_rank", "local_rank")
@@ -123,6 +125,11 @@ class ClusterEnvironment:
     def launch_fix(self, num_nodes: int, devices_per_node: int) -> str:
         """How to start this launcher so that it runs num_nodes × devices_per_node processes."""
         raise NotImplementedError
+
+    def missing_peers_hint(self, world_size: int) -> str:
+        """The likely reason why peers have not joined the process group yet."""
+        return (f"{self.name} says the run has {world_size} processes: check that all of them were started, and "
+                "that every one reaches the same fit / evaluate / predict call.")
 
 
 def _fit_fix(num_nodes: int, world: int, local: int | None) -> str:
@@ -232,6 +239,10 @@ class LocalEnvironment(ClusterEnvironment):
 
     def launch_fix(self, num_nodes: int, devices_per_node: int) -> str:
         return "every process must call fit with the same devices= and num_nodes="
+
+    def missing_peers_hint(self, world_size: int) -> str:
+        return ("With several nodes, start the script on every node with the same MASTER_ADDR and MASTER_PORT and "
+                "its own NODE_RANK.")
 
 
 class TorchElasticEnvironment(ClusterEnvironment):
@@ -365,6 +376,10 @@ class SLURMEnvironment(ClusterEnvironment):
     def launch_fix(self, num_nodes: int, devices_per_node: int) -> str:
         return f"set #SBATCH --nodes={num_nodes} and #SBATCH --ntasks-per-node={devices_per_node}"
 
+    def missing_peers_hint(self, world_size: int) -> str:
+        return (f"SLURM_NTASKS={world_size}, but the other tasks have not started: in a batch script, start the "
+                "program with `srun python script.py` (sbatch alone runs one process).")
+
 
 HOST_PATTERN = re.compile(r"(?:[^,\[\]]|\[[^\[\]]*\])+")
 BRACKET = re.compile(r"([^\[]*)\[([^\]]*)\](.*)")
@@ -413,8 +428,20 @@ def detect_environment() -> ClusterEnvironment:
     return LocalEnvironment()
 
 
+_early_identity: tuple[int, int] | None = None
+
+
+def record_launch_identity(global_rank: int, world_size: int) -> None:
+    """What `easyfit.launch()` established: this process's identity from then on."""
+    global _early_identity
+    _early_identity = (global_rank, world_size)
+
+
 def launch_identity() -> tuple[int, int]:
-    """(global rank, world size) of this process as its launcher says, or (0, 1) for a plain run."""
+    """(global rank, world size) of this process: as `easyfit.launch()` or its launcher says, or (0, 1) for a plain
+    run whose ranks are not started yet."""
+    if _early_identity is not None:
+        return _early_identity
     environment = detect_environment()
     if environment.creates_processes_externally:
         return environment.global_rank(), environment.world_size()

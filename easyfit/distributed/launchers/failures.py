@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 
 
 class RankFailedError(RuntimeError):
@@ -28,13 +30,45 @@ def read_error_file(error_file: str | None) -> str:
 
 
 def rank_failure(rank: int, exitcode: int | None, error_file: str | None) -> RankFailedError | None:
-    """What went wrong in a finished rank, from its exit code and the traceback it wrote; None if it succeeded."""
-    if exitcode in (None, 0):
-        return None
+    """What went wrong in a rank, from its exit code and the traceback it wrote when a call raised (even if the
+    script caught the error and went on, or exited with code 0); None if nothing did."""
     details = read_error_file(error_file)
-    if exitcode < 0:
+    if exitcode in (None, 0) and not details:
+        return None
+    if exitcode is not None and exitcode < 0:
         details = details or f"killed by signal {signal.Signals(-exitcode).name}"
     return RankFailedError(rank, details or f"exited with code {exitcode} (see its output above)")
+
+
+def exchange_directory(kind: str) -> str:
+    """A new folder where ranks leave their tracebacks and results, named after this process; folders that a killed
+    caller left behind (their process is gone) are removed first."""
+    for name in os.listdir(tempfile.gettempdir()):
+        parts = name.split("-")
+        if name.startswith("easyfit-") and len(parts) > 2 and parts[2].isdigit() and not _alive(int(parts[2])):
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"easyfit-{kind}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stuck_ranks(failure: RankFailedError | None, alive: list[int]) -> RankFailedError | None:
+    """When a rank timed out waiting for its peers while others were still running, the ones still running are
+    the cause: stuck, or far slower than the rest. None when that is not what happened."""
+    if failure is None or not alive or "timed out" not in failure.details.lower():
+        return None
+    ranks = ", ".join(str(rank) for rank in alive)
+    return RankFailedError(alive[0], f"rank(s) {ranks} did not reach a collective in time: rank {failure.rank} "
+                                     f"timed out waiting for them while they were still running (stuck, or much "
+                                     f"slower than the others). Rank {failure.rank}'s error:\n{failure.details}")
 
 
 def root_cause(failures: list[RankFailedError]) -> RankFailedError | None:

@@ -13,15 +13,20 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from typing import Any, Callable
 
-from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE
+from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE, START_DIRECTORY
 from easyfit.distributed.launchers.base import Launcher
-from easyfit.distributed.launchers.failures import RankFailedError, looks_like_peer_error, rank_failure, root_cause
+from easyfit.distributed.launchers.failures import (
+    RankFailedError,
+    exchange_directory,
+    looks_like_peer_error,
+    rank_failure,
+    root_cause,
+)
 
 EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
 WATCH_INTERVAL = 0.1
@@ -64,7 +69,7 @@ class ScriptRanks:
     def __init__(self, strategy):
         environment = strategy.environment
         self.world = (strategy.num_processes, strategy.num_nodes, strategy.node_rank)
-        self.exchange_dir = tempfile.mkdtemp(prefix="easyfit-ranks-")
+        self.exchange_dir = exchange_directory("ranks")
         base_env = {**os.environ, "MASTER_ADDR": environment.main_address,
                     "MASTER_PORT": str(environment.main_port), "WORLD_SIZE": str(strategy.world_size),
                     "NODE_RANK": str(strategy.node_rank), "LOCAL_WORLD_SIZE": str(strategy.num_processes),
@@ -75,7 +80,9 @@ class ScriptRanks:
         for local_rank in range(1, strategy.num_processes):
             env = {**base_env, "LOCAL_RANK": str(local_rank),
                    "RANK": str(strategy.node_rank * strategy.num_processes + local_rank)}
-            self.children[local_rank] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            # started where the script was started (not where it has chdir'ed since), reading no terminal input
+            self.children[local_rank] = subprocess.Popen(command, env=env, cwd=START_DIRECTORY,
+                                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         atexit.register(self.wait_at_exit)
         self._relay_interrupts()
 
@@ -91,8 +98,8 @@ class ScriptRanks:
     def wait_until_ready(self, timeout_seconds: float) -> None:
         """Wait for every child to reach its first call, stopping everything if one fails on the way."""
         deadline = time.monotonic() + timeout_seconds
-        while not all(os.path.exists(exchange_file(self.exchange_dir, "ready", rank)) for rank in self.children):
-            failure = root_cause(self.failures())
+        while not all(self._ready(rank) for rank in self.children):
+            failure = root_cause(self.failures()) or self._exited_before_call()
             if failure is not None:
                 self.stop()
                 raise failure
@@ -102,14 +109,39 @@ class ScriptRanks:
                                    f"{timeout_seconds:.0f} s; every process must make the same calls")
             time.sleep(WATCH_INTERVAL)
 
-    def failure_behind(self, error: BaseException, seconds: float = 5.0) -> RankFailedError | None:
+    def _ready(self, rank: int) -> bool:
+        return os.path.exists(exchange_file(self.exchange_dir, "ready", rank))
+
+    def _exited_before_call(self) -> RankFailedError | None:
+        """Any exit of a rank before it reaches the call fails the call, an exit with code 0 included."""
+        for rank, child in self.children.items():
+            if child.poll() is not None and not self._ready(rank):
+                return RankFailedError(rank, f"it exited (code {child.returncode}) before reaching the fit / "
+                                             "evaluate / predict call that rank 0 made; every rank must make the "
+                                             "same calls")
+        return None
+
+    def _any_exited(self) -> bool:
+        return any(child.poll() is not None for child in self.children.values())
+
+    def _finished_without_call(self) -> RankFailedError | None:
+        """A rank whose script ended normally while this rank was in a call: the call was made by some ranks only."""
+        for rank, child in self.children.items():
+            if child.poll() == 0:
+                return RankFailedError(rank, "its script ended without making the call rank 0 was in. A call that "
+                                             "only some ranks make (e.g. inside `if model.is_global_zero:`) cannot "
+                                             "run on several processes: make it on every rank, or pass "
+                                             "strategy='single' for work one rank does alone")
+        return None
+
+    def failure_behind(self, error: BaseException, seconds: float = 15.0) -> RankFailedError | None:
         """After an error here that a dead peer explains, give the failing child a moment to exit: its error is
         the original one."""
         deadline = time.monotonic() + (seconds if looks_like_peer_error(f"{type(error).__name__}: {error}") else 0)
-        while not self.failures() and time.monotonic() < deadline:
+        while not self.failures() and not self._any_exited() and time.monotonic() < deadline:
             time.sleep(WATCH_INTERVAL)
         time.sleep(WATCH_INTERVAL)   # let a second failing rank finish writing its traceback
-        return root_cause(self.failures())
+        return root_cause(self.failures()) or self._finished_without_call()
 
     def stop(self) -> None:
         """Terminate every child still running (SIGTERM, then SIGKILL after a grace period)."""
@@ -171,6 +203,13 @@ class ScriptRanks:
 _script_ranks: ScriptRanks | None = None
 
 
+def running_script_world() -> tuple[int, int, int] | None:
+    """(processes per node, nodes, node rank) of this script's re-run ranks while they run, else None."""
+    if _script_ranks is None or _script_ranks.stopped:
+        return None
+    return _script_ranks.world
+
+
 class ScriptLauncher(Launcher):
     """Rank 0's side: starts the copies at the first call and runs every call here while they run it there.
 
@@ -221,23 +260,41 @@ class RelaunchedRankLauncher(Launcher):
     rank_zero_in_caller = True
 
     def launch(self, function: Callable, *args, **kwargs) -> Any:
-        _report_ready()
-        return function(*args, **kwargs)
+        directory, local_rank = os.environ.get(EXCHANGE_DIR_VARIABLE), int(os.environ.get("LOCAL_RANK", 0))
+        if directory:
+            report_errors_from_start()
+            open(exchange_file(directory, "ready", local_rank), "w").close()
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:   # reported even if the script catches it, or it is a SystemExit
+            if directory:
+                _write_error(exchange_file(directory, "error", local_rank), error)
+            raise
 
 
-def _report_ready() -> None:
+def _write_error(path: str, error: BaseException) -> None:
+    if isinstance(error, SystemExit):
+        text = f"it called sys.exit({error.code!r}) in the middle of a fit / evaluate / predict call"
+    else:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+
+
+def report_errors_from_start() -> None:
+    """In a re-run copy of the script: an exception that ends the script, even before its first call (say while
+    loading data), leaves its traceback where rank 0 reads it."""
     directory = os.environ.get(EXCHANGE_DIR_VARIABLE)
     if not directory or getattr(sys.excepthook, "easyfit_reporting", False):
         return
-    local_rank = int(os.environ["LOCAL_RANK"])
-    error_file = exchange_file(directory, "error", local_rank)
+    error_file = exchange_file(directory, "error", int(os.environ.get("LOCAL_RANK", 0)))
     previous = sys.excepthook
 
     def report(exc_type, exc, tb):
-        with open(error_file, "w", encoding="utf-8") as file:
-            file.write("".join(traceback.format_exception(exc_type, exc, tb)))
+        if not os.path.exists(error_file):
+            with open(error_file, "w", encoding="utf-8") as file:
+                file.write("".join(traceback.format_exception(exc_type, exc, tb)))
         previous(exc_type, exc, tb)
 
     report.easyfit_reporting = True
     sys.excepthook = report
-    open(exchange_file(directory, "ready", local_rank), "w").close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
+import signal
 import sys
-import tempfile
 import traceback
 from typing import Any, Callable
 
@@ -14,7 +15,13 @@ from torch.multiprocessing.spawn import ProcessException
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.launchers.base import Launcher
-from easyfit.distributed.launchers.failures import RankFailedError, rank_failure, root_cause
+from easyfit.distributed.launchers.failures import (
+    RankFailedError,
+    exchange_directory,
+    rank_failure,
+    root_cause,
+    stuck_ranks,
+)
 from easyfit.distributed.pickling import check_picklable
 
 RESULT_FILE = "result.pt"
@@ -44,7 +51,8 @@ class ProcessLauncher(Launcher):
             except Exception:
                 check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
                 raise
-        with tempfile.TemporaryDirectory(prefix="easyfit-ranks-") as exchange_dir:
+        exchange_dir = exchange_directory("spawn")
+        try:
             processes = torch.multiprocessing.start_processes(
                 _run_rank, args=(work, exchange_dir),
                 nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
@@ -52,14 +60,21 @@ class ProcessLauncher(Launcher):
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
                     pass
             except ProcessException as error:
+                # still running when a peer failed (torch stops them with SIGTERM after a grace period)
+                alive = [rank for rank, process in enumerate(processes.processes)
+                         if process.is_alive() or process.exitcode == -signal.SIGTERM]
+                _stop_processes(processes.processes)
                 failures = [rank_failure(rank, process.exitcode, os.path.join(exchange_dir, str(rank)))
-                            for rank, process in enumerate(processes.processes)]
+                            for rank, process in enumerate(processes.processes) if rank not in alive]
                 cause = root_cause([failure for failure in failures if failure is not None])
+                cause = stuck_ranks(cause, alive) or cause
                 raise (cause or RankFailedError(error.error_index, str(error))) from None
             except BaseException:
                 _stop_processes(processes.processes)
                 raise
             return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE))["result"]
+        finally:
+            shutil.rmtree(exchange_dir, ignore_errors=True)
 
 
 def _stop_processes(processes) -> None:

@@ -9,6 +9,8 @@ import atexit
 import contextlib
 import gc
 import os
+import sys
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +23,8 @@ from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironmen
 from easyfit.distributed.strategies.base import Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+#: how long joining the process group may take before easyfit says which peers it still waits for, and why
+PEER_WAIT_NOTICE_SECONDS = 15.0
 REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
@@ -31,6 +35,27 @@ def destroy_process_group() -> None:
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _say_who_is_missing(strategy: ParallelStrategy, after_seconds: float):
+    """While joining the process group, print after a while which ranks are awaited and the likely cause, so a
+    launch that started too few processes does not wait in silence."""
+    def notice() -> None:
+        environment = strategy.environment
+        others = [rank for rank in range(strategy.world_size) if rank != strategy.global_rank]
+        print(f"easyfit: rank {strategy.global_rank} has waited {after_seconds:.0f} s for rank(s) "
+              f"{', '.join(map(str, others))} to join the process group of {strategy.world_size} at "
+              f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} ({environment.name}). "
+              f"{environment.missing_peers_hint(strategy.world_size)}", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after_seconds, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 class DistributedSamplerWrapper(Sampler):
@@ -134,8 +159,9 @@ class ParallelStrategy(Strategy):
             return
         os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
         os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
-        dist.init_process_group(self.process_group_backend, rank=self.global_rank, world_size=self.world_size,
-                                timeout=self.timeout)
+        with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
+            dist.init_process_group(self.process_group_backend, rank=self.global_rank, world_size=self.world_size,
+                                    timeout=self.timeout)
         if not self._group_ends_with_call():   # kept for later calls: destroyed when the script ends
             atexit.register(destroy_process_group)
 
@@ -175,7 +201,8 @@ class ParallelStrategy(Strategy):
         dist.all_gather_object(meta, (len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
         trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
         padded = torch.zeros((max(length for length, _, _ in meta), *trailing), dtype=dtype, device=device)
-        padded[:len(tensor)] = tensor.to(device)
+        if len(tensor):   # a rank with no rows (fewer samples than processes) sends padding only
+            padded[:len(tensor)] = tensor.to(device)
         gathered = [torch.empty_like(padded) for _ in meta]
         dist.all_gather(gathered, padded)
         return [part[:length].to(tensor.device) for part, (length, _, _) in zip(gathered, meta)]

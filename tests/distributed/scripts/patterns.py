@@ -1,0 +1,116 @@
+"""Common script patterns run on 2 CPU processes by test_agreement.py: each rank records what it saw.
+
+Usage: python patterns.py OUT_DIR SCENARIO
+Each rank writes OUT_DIR/rank-<global rank>.json; a rank that records an error writes it under "error".
+"""
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+
+SCENARIO = sys.argv[2]
+OUT = os.path.abspath(sys.argv[1])
+if SCENARIO == "exit_before_call" and os.environ.get("LOCAL_RANK") == "1":
+    sys.exit(0)   # a re-run rank that leaves quietly before its first call
+
+import easyfit
+from easyfit.callbacks import Callback, EarlyStopping
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_data, make_net
+
+CPU2 = {"devices": 2, "accelerator": "cpu"}
+
+
+def record(model, **values) -> None:
+    with open(os.path.join(OUT, f"rank-{model.global_rank}.json"), "w") as file:
+        json.dump(values, file)
+
+
+class OnRank(Callback):
+    """On one rank at one step: stop training, raise, exit, or hang."""
+
+    def __init__(self, rank: int, step: int, action: str):
+        self.rank, self.step, self.action, self.steps_seen = rank, step, action, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_seen += 1
+        if self.model.global_rank != self.rank or batch != self.step:
+            return
+        if self.action == "stop":
+            self.model.stop_training = True
+        elif self.action == "raise":
+            raise RuntimeError(f"deliberate failure on rank {self.rank}")
+        elif self.action == "exit":
+            sys.exit(0)
+        elif self.action == "hang":
+            time.sleep(3600)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if SCENARIO == "early_launch":
+        easyfit.launch(**CPU2)
+    if SCENARIO == "chdir":
+        os.chdir("sub")   # relative: every rank must start where the script was started
+    x, y = make_data()
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"], lr=0.05)
+    if SCENARIO == "early_launch":
+        identity = (model.global_rank, model.world_size)   # before any fit
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, **CPU2)
+        record(model, identity=identity)
+    elif SCENARIO == "evaluate_after_fit":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+        scores = model.evaluate(x, y, verbose=0)
+        record(model, scores=scores, predictions=list(model.predict(x).shape), world_size=model.world_size)
+    elif SCENARIO == "single_among_ranks":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+        model.evaluate(x, y, verbose=0, strategy="single", accelerator="cpu")
+        if model.is_global_zero:
+            model.save(os.path.join(OUT, f"saved-by-pid-{os.getpid()}.pt"))
+        record(model, identity=(model.global_rank, model.world_size))
+    elif SCENARIO == "stop_on_one_rank":
+        callback = OnRank(rank=1, step=2, action="stop")
+        model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[callback], strategy="ddp", **CPU2)
+        record(model, steps=callback.steps_seen, epochs=model.completed_epochs)
+    elif SCENARIO == "uneven":
+        rank = int(os.environ.get("LOCAL_RANK", 0))
+        model.fit(x[:len(x) - 40 * rank], y[:len(y) - 40 * rank], epochs=1, batch_size=16, verbose=0,
+                  strategy="ddp", **CPU2)
+    elif SCENARIO in ("catch_and_continue", "exit_in_callback"):
+        action = "raise" if SCENARIO == "catch_and_continue" else "exit"
+        try:
+            model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[OnRank(1, 2, action)], strategy="ddp",
+                      **CPU2)
+            record(model, error=None)
+        except Exception as error:   # the user's handler: the rank goes on and ends normally
+            record(model, error=str(error))
+    elif SCENARIO == "only_rank_zero_calls":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+        if model.is_global_zero:
+            model.evaluate(x, y, verbose=0, strategy="ddp", **CPU2)
+    elif SCENARIO == "exit_before_call":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+    elif SCENARIO == "predict_one_sample":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+        record(model, shape=list(model.predict(x[:1], strategy="ddp", **CPU2).shape))
+    elif SCENARIO == "chdir":
+        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+        record(model, cwd=os.getcwd())
+    elif SCENARIO == "spawn_callbacks":
+        stopping = EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
+        model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[stopping], strategy="ddp_spawn", **CPU2)
+        record(model, stopped_epoch=stopping.stopped_epoch, epochs=len(model.history.epoch))
+    elif SCENARIO == "stuck":
+        strategy = easyfit.strategies.DDP(start_method="spawn", timeout=timedelta(seconds=5))
+        model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[OnRank(1, 2, "hang")], strategy=strategy,
+                  **CPU2)
+    else:
+        raise SystemExit(f"unknown scenario {SCENARIO!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Common script patterns on 2 CPU processes: every rank agrees, every failure arrives with its cause, nothing
+hangs. Each test runs tests/distributed/scripts/patterns.py as a real program with a timeout."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from runner import SCRIPTS, make_net
+
+import easyfit
+from easyfit.distributed.launchers.failures import exchange_directory
+from easyfit.model import FitOptions, Model
+
+
+def run_pattern(out: Path, scenario: str, timeout: float = 240, cwd: Path | None = None,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(SCRIPTS / "patterns.py"), str(out), scenario], env=environment,
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def ranks(out: Path) -> list[dict]:
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
+
+
+def succeeded(process: subprocess.CompletedProcess) -> None:
+    assert process.returncode == 0, process.stderr[-4000:]
+
+
+def test_evaluate_and_predict_with_defaults_after_a_ddp_fit_run_on_every_rank_exactly(tmp_path):
+    succeeded(run_pattern(tmp_path, "evaluate_after_fit"))
+    first, second = ranks(tmp_path)
+    assert first["scores"] == second["scores"]
+    assert first["predictions"] == second["predictions"] == [128, 3]
+    assert first["world_size"] == second["world_size"] == 2
+
+
+def test_a_rank_local_call_keeps_the_rank_identity(tmp_path):
+    succeeded(run_pattern(tmp_path, "single_among_ranks"))
+    assert [tuple(r["identity"]) for r in ranks(tmp_path)] == [(0, 2), (1, 2)]
+    assert len(list(tmp_path.glob("saved-by-pid-*.pt"))) == 1, "only global rank 0 saved"
+
+
+def test_easyfit_launch_gives_every_rank_its_identity_before_the_first_call(tmp_path):
+    succeeded(run_pattern(tmp_path, "early_launch"))
+    assert [tuple(r["identity"]) for r in ranks(tmp_path)] == [(0, 2), (1, 2)]
+
+
+def test_stop_training_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    succeeded(run_pattern(tmp_path, "stop_on_one_rank"))
+    first, second = ranks(tmp_path)
+    assert first["steps"] == second["steps"] == 3
+    assert first["epochs"] == second["epochs"] == 1
+
+
+def test_different_batch_counts_per_rank_fail_with_what_differs(tmp_path):
+    process = run_pattern(tmp_path, "uneven")
+    assert process.returncode != 0
+    assert "different numbers of training batches per epoch (rank 0: 4, rank 1: 3)" in process.stderr
+
+
+def test_a_failure_caught_by_the_script_still_reaches_rank_zero_with_its_cause(tmp_path):
+    run_pattern(tmp_path, "catch_and_continue")
+    assert "deliberate failure on rank 1" in json.loads((tmp_path / "rank-0.json").read_text())["error"]
+
+
+def test_sys_exit_in_a_callback_on_one_rank_is_reported(tmp_path):
+    run_pattern(tmp_path, "exit_in_callback")
+    assert "sys.exit(0) in the middle of a fit" in json.loads((tmp_path / "rank-0.json").read_text())["error"]
+
+
+def test_a_call_made_by_rank_zero_only_fails_with_words_that_say_so(tmp_path):
+    process = run_pattern(tmp_path, "only_rank_zero_calls")
+    assert process.returncode != 0
+    assert "ended without making the call" in process.stderr
+
+
+def test_a_rank_that_exits_with_code_0_before_its_first_call_fails_the_call(tmp_path):
+    process = run_pattern(tmp_path, "exit_before_call")
+    assert process.returncode != 0
+    assert "exited (code 0) before reaching" in process.stderr
+
+
+def test_predict_with_fewer_samples_than_processes(tmp_path):
+    succeeded(run_pattern(tmp_path, "predict_one_sample"))
+    assert [r["shape"] for r in ranks(tmp_path)] == [[1, 3], [1, 3]]
+
+
+def test_re_run_ranks_start_where_the_script_was_started(tmp_path):
+    (tmp_path / "sub").mkdir()
+    succeeded(run_pattern(tmp_path, "chdir", cwd=tmp_path))
+    assert [r["cwd"] for r in ranks(tmp_path)] == [str(tmp_path / "sub")] * 2
+
+
+def test_spawned_ranks_hand_back_the_callbacks_states(tmp_path):
+    succeeded(run_pattern(tmp_path, "spawn_callbacks"))
+    result = json.loads((tmp_path / "rank-0.json").read_text())
+    assert result["stopped_epoch"] == 1 and result["epochs"] == 2
+
+
+def test_a_stuck_rank_is_named(tmp_path):
+    process = run_pattern(tmp_path, "stuck")
+    assert process.returncode != 0
+    assert "rank(s) 1 did not reach a collective in time" in process.stderr
+
+
+def test_children_read_no_terminal_input(tmp_path):
+    """A script reading input() before fit: the re-run rank gets end-of-file at once instead of blocking."""
+    script = tmp_path / "asks.py"
+    script.write_text("import sys\nsys.path.insert(0, sys.argv[1])\nimport easyfit, torch\nfrom common import "
+                      "make_data, make_net\ntry:\n    answer = input()\nexcept EOFError:\n    answer = 'eof'\n"
+                      "x, y = make_data()\nmodel = easyfit.Model(make_net(), lr=0.05)\n"
+                      "model.fit(x, y, epochs=1, verbose=0, devices=2, accelerator='cpu', strategy='ddp')\n"
+                      "print('ANSWER', answer, model.global_rank)\n")
+    finished = subprocess.run([sys.executable, str(script), str(SCRIPTS)], input="go\n", capture_output=True,
+                              text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "ANSWER go 0" in finished.stdout and "ANSWER eof 1" in finished.stdout
+
+
+def test_an_error_before_the_first_call_arrives_with_its_traceback(tmp_path):
+    script = tmp_path / "fails_early.py"
+    script.write_text("import os\nimport easyfit, torch\nmodel = easyfit.Model(torch.nn.Linear(2, 2))\n"
+                      "if os.environ.get('LOCAL_RANK') == '1':\n    raise FileNotFoundError('no data on rank 1')\n"
+                      "model.fit(torch.randn(8, 2), torch.zeros(8).long(), verbose=0, devices=2, accelerator='cpu',"
+                      " strategy='ddp')\n")
+    finished = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert finished.returncode != 0
+    reported = finished.stderr.split("rank 1 failed; all ranks were stopped. Its error:")[-1]
+    assert "FileNotFoundError: no data on rank 1" in reported and "Traceback" in reported
+
+
+def test_slurm_variables_without_srun_say_who_is_missing(tmp_path):
+    """SLURM says 2 tasks but only one process runs: after a while it says whom it waits for, and why."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "localhost",
+           "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "train", "MASTER_PORT": "29555"}
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "patterns.py"), str(tmp_path), "exit_before_call"],
+                               env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        while True:   # the event: the notice line (the test's timeout bounds the wait)
+            line = process.stderr.readline()
+            assert line, "the process ended without the notice"
+            if "to join the process group" in line:
+                break
+        assert "srun" in line and "rank(s) 1" in line
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+def test_leftover_exchange_folders_of_killed_callers_are_removed():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = Path(tempfile.gettempdir()) / f"easyfit-ranks-{dead.pid}-left"
+    leftover.mkdir()
+    fresh = exchange_directory("ranks")
+    try:
+        assert not leftover.exists()
+        assert Path(fresh).name.startswith(f"easyfit-ranks-{os.getpid()}-")
+    finally:
+        os.rmdir(fresh)
+
+
+def test_warmup_counts_the_real_optimizer_steps_with_accumulation():
+    """8 batches with accumulation 3 make 3 optimizer steps (the last window is short), not 8 // 3 = 2."""
+    model = easyfit.Model(make_net(), lr=0.1)
+    options = FitOptions(batch_size=16, gradient_accumulation_steps=3, lr_warmup_epochs=1)
+    warmup = Model._warmup(options, [None] * 8, model.optimizer, 2.0, 0)
+    assert warmup.steps == 3
