@@ -152,7 +152,7 @@ class Loop:
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce)
-        agree_per_step = (batch_begin or batch_end) and strategy.world_size > 1
+        agree_per_step = strategy.world_size > 1 and callbacks.may_stop_mid_epoch()
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
         num_batches = batch_count(batches)

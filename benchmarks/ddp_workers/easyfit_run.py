@@ -13,6 +13,8 @@ WORLD_SIZE = 2
 class Clock(Callback):
     """Feeds the step times to a StepClock."""
 
+    may_stop_training = False   # never stops training: the ranks need not agree after each step
+
     def __init__(self, clock: StepClock):
         self.clock = clock
 
@@ -24,6 +26,7 @@ class Clock(Callback):
 
 
 def main() -> None:
+    easyfit.launch(devices=WORLD_SIZE, accelerator="cpu")   # rank 1 starts now, while this rank prepares
     args = parse_args()
     torch.set_num_threads(1)
     x, y = make_data(WORLD_SIZE, args.steps_per_epoch)

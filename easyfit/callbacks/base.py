@@ -24,6 +24,9 @@ class Callback:
     params: dict = {}
     #: run this callback's hooks after all the others' (ModelCheckpoint: its checkpoints then hold their state)
     runs_last: bool = False
+    #: whether a batch hook may set `model.stop_training`: then, on several processes, the ranks agree after each
+    #: step whether to stop (one tiny collective per step); a callback that never stops training says False
+    may_stop_training: bool = True
 
     def set_model(self, model) -> None:
         self.model = model
@@ -71,6 +74,12 @@ class CallbackList:
 
     def wants(self, hook: str) -> bool:
         return bool(self.listeners[hook])
+
+    def may_stop_mid_epoch(self) -> bool:
+        """Whether a training batch hook of some callback may ask to stop training."""
+        hooks = ("on_train_batch_begin", "on_train_batch_end")
+        return any(callback.may_stop_training and any(_overrides(callback, hook) for hook in hooks)
+                   for callback in self.callbacks)
 
     def call(self, hook: str, *args) -> None:
         for listener in self.listeners[hook]:

@@ -24,6 +24,8 @@ class ModelCheckpoint(Callback):
     It runs after the other callbacks, so that a checkpoint holds their state for the epoch that just ended.
     """
 
+    may_stop_training = False
+
     runs_last = True
 
     def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", save_best_only: bool = False,

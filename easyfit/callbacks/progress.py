@@ -20,6 +20,8 @@ def progress_callbacks(verbose: int, is_global_zero: bool) -> list[Callback]:
 class EpochSummary(Callback):
     """One line per epoch (or per evaluate call) with the epoch's time, loss and metrics."""
 
+    may_stop_training = False
+
     def __init__(self):
         self.started = 0.0
 
