@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
+from easyfit.tensors import map_tensors
 from easyfit.validation import check_positive_int
 
 
@@ -74,13 +75,8 @@ def batch_count(batches) -> int | None:
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) tuple / list / dict batch to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(move_to_device(item, device) for item in batch)
-    if isinstance(batch, dict):
-        return {key: move_to_device(value, device) for key, value in batch.items()}
-    return batch
+    return map_tensors(lambda tensor: tensor if tensor.device == device else tensor.to(device, non_blocking=True),
+                       batch)
 
 
 # ----------------------------------------------------------------------------------------

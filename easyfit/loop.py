@@ -13,6 +13,7 @@ from easyfit.data import PredictInputs, batch_count, batch_length, split_batch
 from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
+from easyfit.tensors import map_tensors
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
 SYNC = contextlib.nullcontext()
@@ -320,10 +321,4 @@ def _eval_mode(net: torch.nn.Module):
 
 
 def _to_cpu(output):
-    if isinstance(output, torch.Tensor):
-        return output.detach().cpu()
-    if isinstance(output, (tuple, list)):
-        return type(output)(_to_cpu(item) for item in output)
-    if isinstance(output, dict):
-        return {key: _to_cpu(value) for key, value in output.items()}
-    return output
+    return map_tensors(lambda tensor: tensor.detach().cpu(), output)

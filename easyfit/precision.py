@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from easyfit.tensors import map_tensors
 from easyfit.validation import closest_name
 
 PRECISIONS = ("32", "16-mixed", "bf16-mixed", "64")
@@ -61,13 +62,7 @@ class Precision:
         """Float tensors become float64 under precision "64"; otherwise the batch is returned as is."""
         if self.name != "64":
             return batch
-        if isinstance(batch, torch.Tensor):
-            return batch.double() if batch.is_floating_point() else batch
-        if isinstance(batch, (tuple, list)):
-            return type(batch)(self.convert_input(item) for item in batch)
-        if isinstance(batch, dict):
-            return {key: self.convert_input(value) for key, value in batch.items()}
-        return batch
+        return map_tensors(lambda tensor: tensor.double() if tensor.is_floating_point() else tensor, batch)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -20,6 +20,7 @@ from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, require
 from easyfit.precision import Precision
+from easyfit.tensors import map_tensors
 
 CONFIG_VARIABLE = "EASYFIT_DEEPSPEED_CONFIG"
 STATE_FORMATS = ("full", "sharded")
@@ -36,13 +37,8 @@ class DeepSpeedPrecision(Precision):
     def convert_input(self, batch: Any) -> Any:
         if self.autocast_dtype is None:
             return super().convert_input(batch)
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.autocast_dtype) if batch.is_floating_point() else batch
-        if isinstance(batch, (tuple, list)):
-            return type(batch)(self.convert_input(item) for item in batch)
-        if isinstance(batch, dict):
-            return {key: self.convert_input(value) for key, value in batch.items()}
-        return batch
+        return map_tensors(lambda tensor: tensor.to(self.autocast_dtype) if tensor.is_floating_point() else tensor,
+                           batch)
 
 
 def merge(defaults: dict, user: dict) -> dict:

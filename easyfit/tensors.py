@@ -1,0 +1,17 @@
+"""One walk over the nested tuples, lists and dicts that batches and outputs are made of."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+def map_tensors(function: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """`obj` with `function` applied to every tensor in it (nested tuples, lists and dicts keep their shape)."""
+    if isinstance(obj, torch.Tensor):
+        return function(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(function, item) for item in obj)
+    if isinstance(obj, dict):
+        return {key: map_tensors(function, value) for key, value in obj.items()}
+    return obj
