@@ -103,6 +103,11 @@ def test_spawned_ranks_hand_back_the_callbacks_states(tmp_path):
     assert result["stopped_epoch"] == 1 and result["epochs"] == 2
 
 
+def test_ddp_fork_with_a_lambda_loss_and_a_local_net_returns_the_history(tmp_path):
+    succeeded(run_pattern(tmp_path, "fork_lambda_loss"))
+    assert json.loads((tmp_path / "rank-0.json").read_text())["epochs"] == 2
+
+
 def test_a_stuck_rank_is_named(tmp_path):
     process = run_pattern(tmp_path, "stuck")
     assert process.returncode != 0

@@ -104,6 +104,19 @@ def main() -> None:
         stopping = EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
         model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[stopping], strategy="ddp_spawn", **CPU2)
         record(model, stopped_epoch=stopping.stopped_epoch, epochs=len(model.history.epoch))
+    elif SCENARIO == "fork_lambda_loss":
+        class LocalNet(torch.nn.Module):   # defined in a function: fork needs no pickling of it
+            def __init__(self):
+                super().__init__()
+                self.layer = make_net()
+
+            def forward(self, inputs):
+                return self.layer(inputs)
+
+        model = easyfit.Model(LocalNet(), lambda output, target: torch.nn.functional.cross_entropy(output, target),
+                              "sgd", lr=0.05)
+        history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, strategy="ddp_fork", **CPU2)
+        record(model, epochs=len(history.history["loss"]))
     elif SCENARIO == "stuck":
         strategy = easyfit.strategies.DDP(start_method="spawn", timeout=timedelta(seconds=5))
         model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[OnRank(1, 2, "hang")], strategy=strategy,
