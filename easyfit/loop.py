@@ -152,44 +152,47 @@ class Loop:
         accumulate = self.settings.gradient_accumulation_steps
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
-        # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce)
-        agree_per_step = strategy.world_size > 1 and callbacks.may_stop_mid_epoch()
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
         tracker = LossTracker()
         num_batches = batch_count(batches)
+        # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
+        # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
+        uneven = num_batches is None and strategy.world_size > 1
+        agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
         self._check_even_batches(num_batches)
         position = model.position
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
-        for step, batch in enumerate(remaining, first):
-            if batch_begin:
-                callbacks.call("on_train_batch_begin", step, None)
-            inputs, target = split_batch(precision.convert_input(batch))
-            boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
-            with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
-                with autocast:
-                    output = call_net(net, inputs)
-                    if not self.targets_checked:
-                        self._check_first_batch(output, target)
-                    loss = loss_fn(output, target)
-                if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
-                    strategy.zero_grad(optimizer)
-                strategy.backward(loss / divisor if divisor > 1 else loss, precision)
-            if boundary:
-                self._optimizer_step()
-            elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
-                strategy.optimizer_step(optimizer, precision)
-            position.batches_done = step + 1
-            loss = loss.detach()
-            size = batch_length(target if target is not None else inputs)
-            tracker.add(loss, size)
-            if has_metrics:
-                metrics.update(output, target)
-            if batch_end:
-                callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
-            if self._agreed_to_stop() if agree_per_step else model.stop_training:
-                break
+        with strategy.uneven_inputs(net) if uneven else SYNC:
+            for step, batch in enumerate(remaining, first):
+                if batch_begin:
+                    callbacks.call("on_train_batch_begin", step, None)
+                inputs, target = split_batch(precision.convert_input(batch))
+                boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
+                with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
+                    with autocast:
+                        output = call_net(net, inputs)
+                        if not self.targets_checked:
+                            self._check_first_batch(output, target)
+                        loss = loss_fn(output, target)
+                    if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
+                        strategy.zero_grad(optimizer)
+                    strategy.backward(loss / divisor if divisor > 1 else loss, precision)
+                if boundary:
+                    self._optimizer_step()
+                elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
+                    strategy.optimizer_step(optimizer, precision)
+                position.batches_done = step + 1
+                loss = loss.detach()
+                size = batch_length(target if target is not None else inputs)
+                tracker.add(loss, size)
+                if has_metrics:
+                    metrics.update(output, target)
+                if batch_end:
+                    callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
+                if self._agreed_to_stop() if agree_per_step else model.stop_training:
+                    break
         if tracker.folded_count == 0 and not tracker.losses:
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:

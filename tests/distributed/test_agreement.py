@@ -64,6 +64,13 @@ def test_different_batch_counts_per_rank_fail_with_what_differs(tmp_path):
     assert "different numbers of training batches per epoch (rank 0: 4, rank 1: 3)" in process.stderr
 
 
+def test_an_iterable_dataset_with_fewer_batches_on_one_rank_trains_to_the_same_weights(tmp_path):
+    """6 batches on rank 0, 5 on rank 1: the rank that runs out shadows the other's all-reduces (torch's join)."""
+    succeeded(run_pattern(tmp_path, "uneven_iterable"))
+    first, second = ranks(tmp_path)
+    assert first["weights"] == second["weights"]
+
+
 def test_a_failure_caught_by_the_script_still_reaches_rank_zero_with_its_cause(tmp_path):
     run_pattern(tmp_path, "catch_and_continue")
     assert "deliberate failure on rank 1" in json.loads((tmp_path / "rank-0.json").read_text())["error"]

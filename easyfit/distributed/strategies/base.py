@@ -169,6 +169,11 @@ class Strategy:
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
 
+    def uneven_inputs(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """A context around an epoch whose number of batches may differ between ranks (data of unknown length):
+        a rank that runs out shadows the others' collectives until all are done."""
+        return contextlib.nullcontext()
+
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation for an accumulation micro-step."""
         return contextlib.nullcontext()

@@ -261,3 +261,8 @@ class DDPStrategy(ParallelStrategy):
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
+
+    def uneven_inputs(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """torch's join: a rank whose data ran out shadows the gradient all-reduces of the others (which divide by
+        the whole world size), and every rank ends the epoch with the same weights."""
+        return net.join() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()

@@ -104,6 +104,16 @@ def main() -> None:
         stopping = EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
         model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[stopping], strategy="ddp_spawn", **CPU2)
         record(model, stopped_epoch=stopping.stopped_epoch, epochs=len(model.history.epoch))
+    elif SCENARIO == "uneven_iterable":
+        rank = int(os.environ.get("LOCAL_RANK", 0))
+        batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 16 * (6 - rank), 16)]   # 6 and 5 batches
+
+        class Shard(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                return iter(batches)
+
+        model.fit(torch.utils.data.DataLoader(Shard(), batch_size=None), epochs=2, verbose=0, strategy="ddp", **CPU2)
+        record(model, weights=[float(p.sum()) for p in model.net.parameters()])
     elif SCENARIO == "fork_lambda_loss":
         class LocalNet(torch.nn.Module):   # defined in a function: fork needs no pickling of it
             def __init__(self):
