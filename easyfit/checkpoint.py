@@ -12,6 +12,11 @@ FORMAT_VERSION = 1
 
 def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:
     """Write `state` to `path` so that a crash mid-write never leaves a truncated file behind."""
+    save_file_atomically(path, {FORMAT_KEY: FORMAT_VERSION, **state})
+
+
+def save_file_atomically(path: str | os.PathLike, obj) -> None:
+    """`torch.save(obj)` to a temporary file in the same folder, flushed, then renamed over `path`."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -19,7 +24,7 @@ def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:
     try:
         os.chmod(temp_path, 0o666 & ~_umask())   # as an ordinary new file, not mkstemp's owner-only 0600
         with os.fdopen(handle, "wb") as file:
-            torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, file)
+            torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_path, path)

@@ -141,14 +141,17 @@ class MetricSet:
         items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
         self.pending: dict[str, str] = {}   # log name -> METRICS key, built on the first batch
         self.metrics: dict[str, Any] = {}   # log name -> torchmetrics.Metric
+        self.names: list[str] = []   # log names in the order the metrics were given
         for name, metric in items:
             if isinstance(metric, str):
-                self.pending[name or metric] = metric_key(metric)
+                name = name or metric
+                self.pending[name] = metric_key(metric)
             elif hasattr(metric, "update") and hasattr(metric, "compute") and hasattr(metric, "reset"):
-                self.metrics[name or snake_case(type(metric).__name__)] = metric
+                name = name or snake_case(type(metric).__name__)
+                self.metrics[name] = metric
             else:
                 raise TypeError(f"a metric must be a name or a torchmetrics.Metric; got {type(metric).__name__}")
-        self.names = list(self.pending) + list(self.metrics)
+            self.names.append(name)
         self.task: Task | None = None   # what the named metrics were built for
         self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
         self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from easyfit import net_weights
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
@@ -28,6 +29,7 @@ from easyfit.lr_scaling import (
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
+from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.validation import check_positive_int, check_positive_number, closest_name
 
@@ -145,21 +147,28 @@ class Model:
             check_positive_number(options.gradient_clip_val, "gradient_clip_val",
                                   "a positive number (the largest total gradient norm), or None for no clipping")
         lr_multiplier(options.lr_scaling, 1)
-        return self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
+        history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
+        self.net.eval()   # calling the net now runs inference, as predict does
+        return history
 
-    def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None, **kwargs) -> dict:
-        """Loss and metrics over the whole data, exact on any number of processes: {"loss": ..., "accuracy": ...}."""
+    def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None,
+                 return_dict: bool = False, **kwargs):
+        """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
+        no metrics, else [loss, metric, ...] in the order given to the Model; {"loss": ..., ...} with return_dict."""
         (run,) = _split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
-        return self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
+        logs = self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
                               callbacks=callbacks or [])
+        return scores_result(logs, self.metrics.names, return_dict)
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
-        """The net's outputs for every sample, in input order (a tensor on the CPU)."""
+        """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
+        otherwise; float32 under mixed precision."""
         (run,) = _split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
-        return self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
-                              callbacks=callbacks or [])
+        outputs = self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
+                                 callbacks=callbacks or [])
+        return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
 
     @property
     def precision(self) -> Precision:
@@ -222,6 +231,52 @@ class Model:
         if print_fn is not None:
             print_fn(text)
         return text
+
+    # --- weights and single batches ----------------------------------------------------
+    def get_weights(self) -> list:
+        """The net's weights (parameters and buffers, in `state_dict` order) as copied numpy arrays."""
+        return net_weights.get_weights(self.net)
+
+    def set_weights(self, weights: list) -> None:
+        """Load a list of arrays in the order `get_weights` returns them."""
+        net_weights.set_weights(self.net, weights)
+
+    def save_weights(self, path: str | os.PathLike) -> None:
+        """Write the net's state dict (atomically, on global rank 0); `net.load_state_dict(torch.load(path))`
+        reads it."""
+        if self.is_global_zero:
+            net_weights.save_weights(self.net, path)
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Load a file from `save_weights` or `torch.save(net.state_dict())`, or the weights of a checkpoint."""
+        net_weights.load_weights(self.net, path)
+
+    def count_params(self) -> int:
+        """The number of parameters of the net (trainable or not; buffers are not parameters)."""
+        return sum(p.numel() for p in self.net.parameters())
+
+    def train_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
+        """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
+
+        Takes fit's options (`sample_weight`, `class_weight`, run options); `history` and `completed_epochs` are
+        left as they were."""
+        history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
+        options = {"devices": 1, "lr_scaling": None, **kwargs}
+        try:
+            result = self.fit(x, y, epochs=1, batch_size=_sample_count(x), shuffle=False, verbose=0, **options)
+        finally:
+            self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
+        logs = {key: values[-1] for key, values in result.history.items()}
+        return scores_result(logs, self.metrics.names, return_dict)
+
+    def test_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
+        """`evaluate` on exactly this batch."""
+        return self.evaluate(x, y, batch_size=_sample_count(x), verbose=0, return_dict=return_dict,
+                             **{"devices": 1, **kwargs})
+
+    def predict_on_batch(self, x, **kwargs):
+        """`predict` on exactly this batch."""
+        return self.predict(x, batch_size=_sample_count(x), verbose=0, **{"devices": 1, **kwargs})
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -428,3 +483,8 @@ def _as_pair(validation_data) -> tuple:
         return validation_data
     return validation_data, None
 
+
+
+def _sample_count(x) -> int:
+    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple."""
+    return len(x[0] if isinstance(x, (list, tuple)) else x)

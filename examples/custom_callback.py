@@ -63,7 +63,7 @@ def main() -> int:
     print(f"trained {len(history.epoch)} of 50 epochs")
     for epoch, step, loss in sampler.samples:
         print(f"  epoch {epoch + 1} step {step}: batch loss {loss:.4f}")
-    print(f"test accuracy: {model.evaluate(x_test, y_test, verbose=0)['accuracy']:.4f}")
+    print(f"test accuracy: {model.evaluate(x_test, y_test, verbose=0, return_dict=True)['accuracy']:.4f}")
     return 0 if stopper.stopped_epoch is not None else 1
 
 

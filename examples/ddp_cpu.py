@@ -40,7 +40,8 @@ def main() -> None:
     model.fit(x_train, y_train, epochs=args.epochs, batch_size=16, verbose=2,
               devices=2, accelerator="cpu", strategy=args.strategy)
     # evaluation is exact on several processes: each sample is counted once
-    scores = model.evaluate(x_test, y_test, verbose=0, devices=2, accelerator="cpu", strategy=args.strategy)
+    scores = model.evaluate(x_test, y_test, verbose=0, return_dict=True, devices=2, accelerator="cpu",
+                            strategy=args.strategy)
     if model.is_global_zero:   # with "ddp" this line runs in every rank: print once
         print(f"{args.strategy}: test accuracy {scores['accuracy']:.4f}")
 

@@ -33,7 +33,7 @@ def main() -> None:
           f"({len(history.epoch)} epochs, final loss {history.history['loss'][-1]:.4f})")
     print(f"the caller's net got the trained weights: {len(changed)} of {len(initial)} tensors changed")
     # this evaluate runs here, in the caller, on one process (devices=1), with the weights fit brought back
-    scores = model.evaluate(x_test, y_test, verbose=0, devices=1)
+    scores = model.evaluate(x_test, y_test, verbose=0, devices=1, return_dict=True)
     print(f"test accuracy in the caller: {scores['accuracy']:.4f}")
 
 

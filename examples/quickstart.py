@@ -33,7 +33,7 @@ def main() -> int:
 
     model = easyfit.Model(net, "cross_entropy", "adam", metrics=["accuracy"])
     history = model.fit(x_train, y_train, epochs=25, batch_size=32, validation_split=0.1, verbose=2)
-    scores = model.evaluate(x_test, y_test, verbose=0)
+    scores = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
 
     print(f"final val_accuracy: {history.history['val_accuracy'][-1]:.4f}")
     print(f"test accuracy: {scores['accuracy']:.4f}")

@@ -105,9 +105,9 @@ def test_fit_gives_the_same_weights_for_every_data_form(form, shuffle, make_net,
 def test_evaluate_gives_the_same_scores_for_every_data_form(form, make_net, classification):
     x, y = classification
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"])
-    expected = model.evaluate(x, y, batch_size=8, verbose=0)
+    expected = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     args, kwargs = data_forms(x, y)[form]
-    scores = model.evaluate(*args, **{"batch_size": 8, "verbose": 0, **kwargs})
+    scores = model.evaluate(*args, **{"batch_size": 8, "verbose": 0, **kwargs}, return_dict=True)
     assert scores.keys() == {"loss", "accuracy"}
     assert scores["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert scores["accuracy"] == pytest.approx(expected["accuracy"])
@@ -141,7 +141,7 @@ def test_a_net_with_a_module_attribute_is_evaluated_and_predicted_as_itself(clas
     net = HasModuleAttribute()
     torch.testing.assert_close(easyfit.Model(net).predict(x), net(x).detach())
     loss = torch.nn.functional.cross_entropy(net(x), y).item()
-    assert easyfit.Model(net).evaluate(x, y, verbose=0)["loss"] == pytest.approx(loss, abs=1e-5)
+    assert easyfit.Model(net).evaluate(x, y, verbose=0, return_dict=True)["loss"] == pytest.approx(loss, abs=1e-5)
 
 
 def test_fit_trains_the_users_net_object(make_net, classification):
@@ -161,7 +161,8 @@ def test_multi_input_net_gets_every_input(classification):
         model = easyfit.Model(net, "cross_entropy", "adam", lr=0.05)
         history = model.fit(data, epochs=3, batch_size=8, verbose=0)
         assert history.history["loss"][-1] < history.history["loss"][0]
-        assert model.evaluate(data, verbose=0)["loss"] == pytest.approx(history.history["loss"][-1], abs=0.2)
+        loss = model.evaluate(data, verbose=0)
+        assert loss == pytest.approx(history.history["loss"][-1], abs=0.2)
         torch.testing.assert_close(model.predict(TensorDataset(x1, x2, y)), net(x1, x2).detach())
 
 
@@ -174,7 +175,7 @@ def test_validation_data_forms(form, make_net, classification):
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"])
     history = model.fit(x, y, epochs=2, validation_data=validation_data, verbose=0)
     assert len(history.history["val_loss"]) == 2
-    expected = model.evaluate(x_val, y_val, verbose=0)
+    expected = model.evaluate(x_val, y_val, verbose=0, return_dict=True)
     assert history.history["val_loss"][-1] == pytest.approx(expected["loss"], abs=1e-6)
     assert history.history["val_accuracy"][-1] == pytest.approx(expected["accuracy"])
 
@@ -188,7 +189,7 @@ def test_validation_split_holds_out_the_last_samples_before_shuffling(as_dataset
     history = model.fit(*data, epochs=1, batch_size=8, validation_split=0.2, shuffle=True, callbacks=[sizes],
                         verbose=0)
     assert sum(sizes.train) == 80 and sum(sizes.test) == 21   # Keras: train = floor(101 * 0.8)
-    assert history.history["val_loss"][0] == pytest.approx(model.evaluate(x[80:], y[80:], verbose=0)["loss"],
+    assert history.history["val_loss"][0] == pytest.approx(model.evaluate(x[80:], y[80:], verbose=0),
                                                            abs=1e-6)
 
 

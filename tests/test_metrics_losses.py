@@ -14,7 +14,7 @@ from easyfit.losses import LOSSES
 
 def scores_and_outputs(net, x, y, loss, metrics):
     """evaluate() in batches of 8 (uneven last batch), and the net's outputs over all of x."""
-    scores = easyfit.Model(net, loss, "sgd", metrics=metrics).evaluate(x, y, batch_size=8, verbose=0)
+    scores = easyfit.Model(net, loss, "sgd", metrics=metrics).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     return scores, net(x).detach()
 
 
@@ -111,19 +111,19 @@ def test_every_loss_name_trains_and_evaluates_like_torch(name, make_net, classif
     history = model.fit(x, target, epochs=4, batch_size=16, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     expected = reference(net(x), target).item()
-    assert model.evaluate(x, target, batch_size=8, verbose=0)["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert model.evaluate(x, target, batch_size=8, verbose=0) == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 def test_loss_as_module_and_as_callable(make_net, classification):
     x, y = classification
     net = make_net()
     smoothed = nn.CrossEntropyLoss(label_smoothing=0.2)
-    scores = easyfit.Model(net, smoothed).evaluate(x, y, batch_size=8, verbose=0)
+    scores = easyfit.Model(net, smoothed).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     assert scores["loss"] == pytest.approx(smoothed(net(x), y).item(), abs=1e-6)
 
     def doubled(output, target):
         return 2 * F.cross_entropy(output, target)
-    scores = easyfit.Model(net, doubled).evaluate(x, y, batch_size=8, verbose=0)
+    scores = easyfit.Model(net, doubled).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     assert scores["loss"] == pytest.approx(2 * F.cross_entropy(net(x), y).item(), abs=1e-6)
     history = easyfit.Model(net, doubled, "sgd").fit(x, y, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]

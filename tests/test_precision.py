@@ -30,7 +30,7 @@ def test_64_makes_the_net_and_inputs_float64(make_net, classification):
     torch.testing.assert_close(predictions, model.net(x.double()).detach())
     batches = model.predict([(x[:50],), (x[50:],)])
     torch.testing.assert_close(batches, predictions)
-    assert model.evaluate(*classification, verbose=0)["loss"] < model.history.history["loss"][0]
+    assert model.evaluate(*classification, verbose=0, return_dict=True)["loss"] < model.history.history["loss"][0]
 
 
 def test_switching_precision_between_fits_converts_weights_and_adam_state(make_net, classification):
@@ -47,7 +47,7 @@ def test_mixed_precision_trains_on_cpu(precision, make_net, classification, tmp_
     losses = model.history.history["loss"]
     assert losses[-1] < losses[0]
     assert all(p.dtype == torch.float32 for p in model.net.parameters())   # master weights stay float32
-    assert model.evaluate(*classification, verbose=0)["loss"] < losses[0]
+    assert model.evaluate(*classification, verbose=0, return_dict=True)["loss"] < losses[0]
     model.save(tmp_path / "mixed.pt")   # after an evaluate: the scaler state is still the fit's
     scaler_state = load_checkpoint_file(tmp_path / "mixed.pt")["scaler"]
     if precision == "16-mixed":

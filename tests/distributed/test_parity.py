@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(240)
 def _single_process_scores() -> tuple[dict, torch.Tensor]:
     x, y = make_data()
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"])
-    return (model.evaluate(x[:101], y[:101], batch_size=8, verbose=0),
+    return (model.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True),
             model.predict(x[:101], batch_size=8))
 
 
@@ -37,7 +37,7 @@ def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_p
     net = make_net()
     net.load_state_dict(outcome["state"])
     single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
-    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0)
+    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
     assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
     torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))

@@ -246,10 +246,11 @@ x, y = torch.randn(3, 4), torch.tensor([0, 2, 1])
 run = dict(verbose=0, devices=2, accelerator="cpu", strategy="ddp_fork")
 model = easyfit.Model(torch.nn.Linear(4, 3), "cross_entropy", "sgd", metrics=["accuracy", "f1"])
 # one sample: rank 1's share is empty, yet it must build the metrics and join their sync
-first = model.evaluate(x[:1], y[:1], **run)
-both = model.evaluate(x, y, **run)   # would wait for a rank that skipped the first sync
+first = model.evaluate(x[:1], y[:1], **run, return_dict=True)
+both = model.evaluate(x, y, **run, return_dict=True)   # would wait for a rank that skipped the first sync
 local = easyfit.Model(model.net, "cross_entropy", "sgd", metrics=["accuracy", "f1"])
-print(json.dumps([first, local.evaluate(x[:1], y[:1], verbose=0), both, local.evaluate(x, y, verbose=0)]))
+print(json.dumps([first, local.evaluate(x[:1], y[:1], verbose=0, return_dict=True), both,
+                  local.evaluate(x, y, verbose=0, return_dict=True)]))
 '''
 
 

@@ -71,10 +71,11 @@ def main() -> None:
             raise
         history = model.fit(x, y, epochs=args.epochs, batch_size=16, verbose=0, lr_scaling=lr_scaling, **run)
     x_eval, y_eval = x[:101], y[:101]
-    scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, **run)
+    scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, **run, return_dict=True)
     predictions = model.predict(x_eval, batch_size=8, **run)
     # a one-process call after a multi-process one stays local (no sync over the still-open process group)
-    local_scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, strategy="single", accelerator="cpu")
+    local_scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, return_dict=True, strategy="single",
+                                  accelerator="cpu")
     if model.is_global_zero:   # saving from rank 0 alone must not wait for the other ranks
         model.save(os.path.join(args.out, "checkpoint.pt"))
         torch.save({"state": net.state_dict(), "history": history.history, "params": history.params,
