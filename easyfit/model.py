@@ -60,7 +60,7 @@ class FitOptions:
     validation_freq: int = 1
     shuffle: bool = True
     seed: int = 0
-    verbose: int = 1
+    verbose: int | str = "auto"
     callbacks: list = field(default_factory=list)
     initial_epoch: int = 0
     resume_from: str | None = None
@@ -428,6 +428,7 @@ class Model:
                     steps_per_epoch: int | None) -> dict:
         return {
             "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
+            "validation_freq": options.validation_freq,
             "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
             "effective_batch_size": options.batch_size * strategy.batch_factor,
             "steps_per_epoch": steps_per_epoch,

@@ -50,8 +50,10 @@ class Callback:
     def on_train_end(self, logs=None): pass
     def on_epoch_begin(self, epoch, logs=None): pass
     def on_epoch_end(self, epoch, logs=None): pass
-    def on_train_batch_begin(self, batch, logs=None): pass
-    def on_train_batch_end(self, batch, logs=None): pass
+    def on_train_batch_begin(self, batch, logs=None): self.on_batch_begin(batch, logs)
+    def on_train_batch_end(self, batch, logs=None): self.on_batch_end(batch, logs)
+    def on_batch_begin(self, batch, logs=None): """Alias of on_train_batch_begin."""
+    def on_batch_end(self, batch, logs=None): """Alias of on_train_batch_end."""
     def on_test_begin(self, logs=None): pass
     def on_test_end(self, logs=None): pass
     def on_test_batch_begin(self, batch, logs=None): pass
@@ -108,8 +110,15 @@ class CallbackList:
                           "continue them.", RuntimeWarning, stacklevel=3)
 
 
+#: hooks that also run a callback's override of an older name for them
+ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+
+
 def _overrides(callback: Callback, hook: str) -> bool:
-    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+    """Whether the callback's class (or the instance itself, e.g. LambdaCallback) defines `hook` or its alias."""
+    names = (hook, ALIASES.get(hook, hook))
+    return any(name in getattr(callback, "__dict__", {}) or getattr(type(callback), name, None) is not getattr(Callback, name)
+               for name in names)
 
 
 def _unique(key: str, taken) -> str:

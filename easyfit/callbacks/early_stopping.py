@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from easyfit.callbacks.base import Callback
-from easyfit.callbacks.monitor import Monitor
+from easyfit.callbacks.monitor import Monitor, skips_validation
 
 
 class EarlyStopping(Callback):
@@ -13,7 +13,9 @@ class EarlyStopping(Callback):
         min_delta: the smallest change that counts as an improvement.
         patience: epochs without improvement to wait before stopping.
         mode: "min", "max", or "auto" (max for accuracy-like names, min otherwise).
-        baseline: the waiting only restarts when the value also beats this.
+        baseline: the waiting only restarts when the value also beats this. An epoch that improves on the best
+            never stops training; the first one that does not stops it once `patience` epochs have passed
+            since the waiting last restarted (from the start, if no value ever beat the baseline).
         restore_best_weights: at the end of training, load the net's weights from the best epoch.
         start_from_epoch: epochs to train before watching (a warm-up).
         verbose: 1 prints when it stops.
@@ -54,19 +56,20 @@ class EarlyStopping(Callback):
         self.resumed = False
 
     def on_epoch_end(self, epoch, logs=None):
-        current = self.monitor.read(logs)
+        current = self.monitor.read(logs, skips_validation(self.params, epoch))
         if current is None or epoch < self.start_from_epoch:
             return
         if self.restore_best_weights and self.best_weights is None:
             self.best_weights = self._copy_weights()   # something to restore even if nothing ever improves
+            self.best_epoch = epoch
         self.wait += 1
         if self.monitor.improves(current, self.best):
             self.best, self.best_epoch = current, epoch
             if self.restore_best_weights:
                 self.best_weights = self._copy_weights()
             if self.baseline is None or self.monitor.improves(current, self.baseline):
-                self.wait = 0
-                return
+                self.wait = 0   # waiting restarts only on a value that beats the baseline too
+            return   # an improving epoch never stops training
         if self.wait >= self.patience and epoch > 0:
             self.stopped_epoch = epoch
             self.model.stop_training = True

@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 
 from easyfit.callbacks.base import Callback
-from easyfit.callbacks.monitor import Monitor
+from easyfit.callbacks.monitor import Monitor, skips_validation
 from easyfit.validation import check_positive_int
 
 
 class ModelCheckpoint(Callback):
     """Write a checkpoint with `model.save` (atomic: a temp file, then a rename), loadable by `Model.load`
-    and resumable with `fit(resume_from=...)`.
+    and resumable with `fit(resume_from=...)`; or with `save_weights_only`, the net's state dict alone
+    (`model.save_weights`), which `net.load_state_dict(torch.load(path))` reads.
 
     Args:
         filepath: where to write; may hold format fields filled from the logs, e.g. "ckpt-{epoch:02d}-{val_loss:.3f}.pt"
@@ -20,6 +21,8 @@ class ModelCheckpoint(Callback):
         mode: "min", "max", or "auto" (max for accuracy-like names, min otherwise).
         save_freq: "epoch", or an integer: save every that many training batches.
         verbose: 1 prints each save (and each skipped one with `save_best_only`).
+        save_weights_only: write the net's state dict instead of a full checkpoint.
+        initial_value_threshold: with `save_best_only`, the value to beat before the first save.
 
     It runs after the other callbacks, so that a checkpoint holds their state for the epoch that just ended.
     """
@@ -29,13 +32,15 @@ class ModelCheckpoint(Callback):
     runs_last = True
 
     def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", save_best_only: bool = False,
-                 mode: str = "auto", save_freq: str | int = "epoch", verbose: int = 0):
+                 mode: str = "auto", save_freq: str | int = "epoch", verbose: int = 0,
+                 save_weights_only: bool = False, initial_value_threshold: float | None = None):
         if save_freq != "epoch":
             check_positive_int(save_freq, "ModelCheckpoint: save_freq", "'epoch' or a positive number of batches")
         self.filepath = os.fspath(filepath)
         self.monitor = Monitor(monitor, mode, owner="ModelCheckpoint")
         self.save_best_only, self.save_freq, self.verbose = save_best_only, save_freq, verbose
-        self.best = self.monitor.worst
+        self.save_weights_only = save_weights_only
+        self.best = self.monitor.worst if initial_value_threshold is None else float(initial_value_threshold)
         self.batches_since_save = 0
         self.epoch = 0
 
@@ -70,7 +75,10 @@ class ModelCheckpoint(Callback):
             return
         if value is not None:
             self.best = value
-        self.model.save(path)
+        if self.save_weights_only:
+            self.model.save_weights(path)
+        else:
+            self.model.save(path)
 
     def _decide(self, epoch: int, batch: int | None, logs) -> tuple[str | None, float | None]:
         """(path to write or None, new best value or None)."""
@@ -78,7 +86,7 @@ class ModelCheckpoint(Callback):
             path = self._format(epoch, batch, logs)
             self._say(f"Epoch {epoch + 1}: saving the model to {path}")
             return path, None
-        current = self.monitor.read(logs)
+        current = self.monitor.read(logs, batch is None and skips_validation(self.params, epoch))
         if current is None:
             return None, None
         name = self.monitor.name

@@ -31,12 +31,20 @@ class Monitor:
             return value + self.min_delta < reference
         return value - self.min_delta > reference
 
-    def read(self, logs: Mapping | None) -> float | None:
-        """The monitored value, or None (with a warning listing the keys there are) when the logs lack it."""
+    def read(self, logs: Mapping | None, no_validation: bool = False) -> float | None:
+        """The monitored value, or None when the logs lack it: with a warning listing the keys there are, unless
+        it is a val_* key and `no_validation` says this epoch ran none (see `skips_validation`)."""
         logs = logs or {}
+        if self.name not in logs and self.name.startswith("val_") and no_validation:
+            return None
         if self.name not in logs:
             warnings.warn(f"{self.owner}: the monitored value {self.name!r} is not in the logs; available: "
                           f"{', '.join(logs) or 'none'}. Pass one of these as monitor= (val_* keys need "
                           "validation_data or validation_split).", RuntimeWarning, stacklevel=2)
             return None
         return float(logs[self.name])
+
+
+def skips_validation(params: Mapping, epoch: int) -> bool:
+    """Whether fit ran no validation after `epoch` because of its `validation_freq`."""
+    return (epoch + 1) % params.get("validation_freq", 1) != 0

@@ -1,6 +1,7 @@
-"""Progress display on global rank 0: a tqdm bar per epoch (verbose=1) or one line per epoch (verbose=2)."""
+"""Progress display on global rank 0: a tqdm bar per epoch (verbose=1 on a terminal) or one line per epoch."""
 from __future__ import annotations
 
+import sys
 import time
 
 from easyfit.callbacks.base import Callback
@@ -10,11 +11,21 @@ def format_logs(logs: dict | None) -> str:
     return " - ".join(f"{key}: {value:.4f}" for key, value in (logs or {}).items() if isinstance(value, float))
 
 
-def progress_callbacks(verbose: int, is_global_zero: bool) -> list[Callback]:
-    """The display callback for a verbosity level; none off rank 0 or with verbose=0."""
+def progress_callbacks(verbose: int | str, is_global_zero: bool) -> list[Callback]:
+    """The display callback for a verbosity level; none off rank 0 or with verbose=0.
+
+    verbose=1 (and "auto") draws a bar where it can be redrawn in place (a terminal or a notebook) and prints
+    one line per epoch elsewhere (output redirected to a file or a pipe), as verbose=2 does."""
     if not verbose or not is_global_zero:
         return []
-    return [ProgressBar()] if verbose == 1 else [EpochSummary()]
+    return [ProgressBar()] if verbose in (1, "auto") and redraws_in_place() else [EpochSummary()]
+
+
+def redraws_in_place() -> bool:
+    """Whether a bar can redraw itself: stdout and stderr are terminals, or the code runs in a notebook."""
+    if "ipykernel" in sys.modules:
+        return True
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
 
 
 class EpochSummary(Callback):
