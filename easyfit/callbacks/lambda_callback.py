@@ -1,7 +1,7 @@
 """LambdaCallback: a callback made of plain functions, one per hook."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from easyfit.callbacks.base import ALIASES, HOOKS, Callback
 
