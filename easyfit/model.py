@@ -31,7 +31,9 @@ from easyfit.optimizers import build_optimizer, optimizer_name
 from easyfit.precision import Precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
+from easyfit.steps import limit_steps
 from easyfit.validation import check_positive_int, check_positive_number, closest_name
+from easyfit.weights import validation_weight, weigh_batches
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -68,6 +70,10 @@ class FitOptions:
     gradient_clip_val: float | None = None
     lr_scaling: str | None = "linear"
     lr_warmup_epochs: int = 0
+    sample_weight: Any = None
+    class_weight: dict | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
 
 
 def _split_options(kwargs: dict, *option_types) -> list:
@@ -141,7 +147,11 @@ class Model:
         epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
         run, options = _split_options(kwargs, RunOptions, FitOptions)
         check_positive_int(options.batch_size, "batch_size")
-        check_positive_int(options.epochs, "epochs")
+        if not (type(options.epochs) is int and options.epochs == 0):   # 0 trains nothing: an empty History
+            check_positive_int(options.epochs, "epochs", "a non-negative integer")
+        for name in ("steps_per_epoch", "validation_steps"):
+            if getattr(options, name) is not None:
+                check_positive_int(getattr(options, name), name, "a positive integer or None")
         check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
         if options.gradient_clip_val is not None:   # 0 would freeze training, a negative value reverse it
             check_positive_number(options.gradient_clip_val, "gradient_clip_val",
@@ -352,7 +362,7 @@ class Model:
 
     def _fit_in_process(self, run: RunOptions, x, y, options: FitOptions) -> History:
         strategy, precision = self.strategy, self._precision
-        validation_data = options.validation_data
+        validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
         if options.validation_split:
             if validation_data is not None:
                 raise ValueError("pass either validation_data or validation_split, not both")
@@ -366,6 +376,12 @@ class Model:
                                batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
                                train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=precision.float_dtype)
+        loss_fn = weighted_loss = self.loss_fn
+        if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
+            train, val, weighted_loss = weigh_batches(loss_fn, train, val, options.sample_weight,
+                                                      options.class_weight, val_weight, bool(options.validation_split))
+        train = limit_steps(train, options.steps_per_epoch, "training")
+        val = None if val is None else limit_steps(val, options.validation_steps, "validation")
         precision.convert_module(self.net)
         settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
                                     options.gradient_clip_val, self.scheduler_interval, precision.name)
@@ -374,10 +390,12 @@ class Model:
         objects = TrainingObjects(*strategy.setup(self.net, user_optimizer, user_scheduler))
         # from here until the fit ends, Model and the callbacks use what the strategy returned
         self._training, self.optimizer, self.scheduler = objects, objects.optimizer, objects.scheduler
+        self.loss_fn = weighted_loss   # the loop computes this fit's loss (weighted when weights were given)
         try:
             self._train(options, train, val, settings, objects)
         finally:
             self._training, self.optimizer, self.scheduler = None, user_optimizer, user_scheduler
+            self.loss_fn = loss_fn
         strategy.hand_back(self.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
         return self.history
 
