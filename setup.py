@@ -7,7 +7,8 @@ EXTRAS = {
     "horovod": ["horovod==0.28.1", "cloudpickle", "psutil"],   # build it first: scripts/install_horovod.sh
     "bagua": ["bagua>=0.9"],
     "plot": ["matplotlib>=3.5"],
-    "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5"],
+    "tensorboard": ["tensorboard>=2.10"],
+    "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5", "tensorboard>=2.10"],
 }
 
 setup(

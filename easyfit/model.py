@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from easyfit import net_weights
+from easyfit.callbacks.backup_and_restore import backup_to_resume
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
@@ -409,8 +410,9 @@ class Model:
             callbacks = self._fit_callbacks(options, strategy.is_global_zero, params)
             self._callbacks = callbacks
             initial_epoch = options.initial_epoch
-            if options.resume_from is not None:
-                self.restore(strategy.load_checkpoint(options.resume_from), training=True)
+            resume_from = backup_to_resume(options.callbacks) or options.resume_from
+            if resume_from is not None:
+                self.restore(strategy.load_checkpoint(resume_from), training=True)
                 initial_epoch = self.completed_epochs
             warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
             if options.verbose and strategy.is_global_zero:
