@@ -1,11 +1,10 @@
 """EarlyStopping: stop training when a monitored value has stopped improving."""
 from __future__ import annotations
 
-from easyfit.callbacks.base import Callback
-from easyfit.callbacks.monitor import Monitor, skips_validation
+from easyfit.callbacks.monitor import Monitor, WatchingCallback, skips_validation
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(WatchingCallback):
     """Stop when `monitor` has not improved by more than `min_delta` for `patience` epochs.
 
     Args:
@@ -27,7 +26,6 @@ class EarlyStopping(Callback):
         self.monitor = Monitor(monitor, mode, min_delta, owner="EarlyStopping")
         self.patience, self.baseline, self.verbose = patience, baseline, verbose
         self.restore_best_weights, self.start_from_epoch = restore_best_weights, start_from_epoch
-        self.resumed = False
         self._reset()
 
     def _reset(self) -> None:
@@ -45,15 +43,9 @@ class EarlyStopping(Callback):
         return f"EarlyStopping(monitor={self.monitor.name!r})"
 
     def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
+        super().load_state_dict(state)
         if self.best_weights is not None:   # a checkpoint loads onto the training device; keep the copy on the CPU
             self.best_weights = _cpu_copy(self.best_weights)
-        self.resumed = True
-
-    def on_train_begin(self, logs=None):
-        if not self.resumed:   # a fresh fit starts over; a resumed one keeps the state it was saved with
-            self._reset()
-        self.resumed = False
 
     def on_epoch_end(self, epoch, logs=None):
         current = self.monitor.read(logs, skips_validation(self.params, epoch))

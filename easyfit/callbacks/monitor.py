@@ -5,6 +5,8 @@ import math
 import warnings
 from collections.abc import Mapping
 
+from easyfit.callbacks.base import Callback
+
 MAXIMIZED = ("acc", "auc", "auroc", "f1", "precision", "recall", "r2")
 
 
@@ -48,3 +50,22 @@ class Monitor:
 def skips_validation(params: Mapping, epoch: int) -> bool:
     """Whether fit ran no validation after `epoch` because of its `validation_freq`."""
     return (epoch + 1) % params.get("validation_freq", 1) != 0
+
+
+class WatchingCallback(Callback):
+    """A callback whose watch (best value, waiting, ...) starts over with each fresh fit and carries on in a
+    resumed one. Subclasses set their state in `_reset` and return it from `state_dict`."""
+
+    resumed = False
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.resumed = True
+
+    def on_train_begin(self, logs=None):
+        if not self.resumed:   # a fresh fit starts over; a resumed one keeps the state it was saved with
+            self._reset()
+        self.resumed = False

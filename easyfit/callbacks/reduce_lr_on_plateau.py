@@ -1,11 +1,10 @@
 """ReduceLROnPlateau: lower the learning rate when a monitored value has stopped improving."""
 from __future__ import annotations
 
-from easyfit.callbacks.base import Callback
-from easyfit.callbacks.monitor import Monitor, skips_validation
+from easyfit.callbacks.monitor import Monitor, WatchingCallback, skips_validation
 
 
-class ReduceLROnPlateau(Callback):
+class ReduceLROnPlateau(WatchingCallback):
     """Multiply every param group's learning rate by `factor` once `monitor` has not improved by more than
     `min_delta` for `patience` epochs, never going below `min_lr`.
 
@@ -32,7 +31,6 @@ class ReduceLROnPlateau(Callback):
         self.monitor = Monitor(monitor, mode, min_delta, owner="ReduceLROnPlateau")
         self.factor, self.patience, self.verbose = factor, patience, verbose
         self.cooldown, self.min_lr = cooldown, min_lr
-        self.resumed = False
         self._reset()
 
     def _reset(self) -> None:
@@ -42,15 +40,6 @@ class ReduceLROnPlateau(Callback):
 
     def state_dict(self) -> dict:
         return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.resumed = True
-
-    def on_train_begin(self, logs=None):
-        if not self.resumed:   # a fresh fit starts over; a resumed one keeps the state it was saved with
-            self._reset()
-        self.resumed = False
 
     def on_epoch_end(self, epoch, logs=None):
         current = self.monitor.read(logs, skips_validation(self.params, epoch))
