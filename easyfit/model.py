@@ -245,22 +245,24 @@ class Model:
 
     # --- weights and single batches ----------------------------------------------------
     def get_weights(self) -> list:
-        """The net's weights (parameters and buffers, in `state_dict` order) as copied numpy arrays."""
-        return net_weights.get_weights(self.net)
+        """The net's weights (parameters and buffers, in `state_dict` order) as copied numpy arrays.
+        Inside fit, call it on every rank (as `net_state`)."""
+        return net_weights.as_arrays(self.net_state())
 
     def set_weights(self, weights: list) -> None:
         """Load a list of arrays in the order `get_weights` returns them."""
-        net_weights.set_weights(self.net, weights)
+        self.load_net_state(net_weights.from_arrays(self.net_state(), weights))
 
     def save_weights(self, path: str | os.PathLike) -> None:
-        """Write the net's state dict (atomically, on global rank 0); `net.load_state_dict(torch.load(path))`
-        reads it."""
+        """Write the net's state dict atomically (global rank 0 writes; inside fit call it on every rank);
+        `net.load_state_dict(torch.load(path))` reads it."""
+        state = self.net_state()
         if self.is_global_zero:
-            net_weights.save_weights(self.net, path)
+            net_weights.save_state(state, path)
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Load a file from `save_weights` or `torch.save(net.state_dict())`, or the weights of a checkpoint."""
-        net_weights.load_weights(self.net, path)
+        self.load_net_state(net_weights.read_state(path))
 
     def count_params(self) -> int:
         """The number of parameters of the net (trainable or not; buffers are not parameters)."""

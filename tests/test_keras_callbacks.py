@@ -10,8 +10,14 @@ import torch
 from torch import nn
 
 import easyfit
-from easyfit.callbacks import (Callback, EarlyStopping, LambdaCallback, LearningRateScheduler, ModelCheckpoint,
-                               ReduceLROnPlateau)
+from easyfit.callbacks import (
+    Callback,
+    EarlyStopping,
+    LambdaCallback,
+    LearningRateScheduler,
+    ModelCheckpoint,
+    ReduceLROnPlateau,
+)
 from easyfit.callbacks.progress import EpochSummary, ProgressBar, progress_callbacks
 
 

@@ -117,8 +117,8 @@ ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_b
 def _overrides(callback: Callback, hook: str) -> bool:
     """Whether the callback's class (or the instance itself, e.g. LambdaCallback) defines `hook` or its alias."""
     names = (hook, ALIASES.get(hook, hook))
-    return any(name in getattr(callback, "__dict__", {}) or getattr(type(callback), name, None) is not getattr(Callback, name)
-               for name in names)
+    return any(name in getattr(callback, "__dict__", {})
+               or getattr(type(callback), name, None) is not getattr(Callback, name) for name in names)
 
 
 def _unique(key: str, taken) -> str:
