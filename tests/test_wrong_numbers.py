@@ -93,11 +93,11 @@ def test_precision_64_keeps_float64_numpy_input():
     net = nn.Linear(1, 1, bias=False)
     nn.init.ones_(net.weight)
     model = easyfit.Model(net, "mse", "sgd")
-    predictions = model.predict(x, precision="64")
-    assert predictions.dtype == torch.float64
-    assert torch.equal(predictions, torch.from_numpy(x))
-    assert model.evaluate(x, x, precision="64", verbose=0)["loss"] == 0.0
-    assert model.predict(x, precision="32").dtype == torch.float32
+    predictions = model.predict(x, precision="64")   # numpy in, numpy out
+    assert predictions.dtype == np.float64
+    assert np.array_equal(predictions, x)
+    assert model.evaluate(x, x, precision="64", verbose=0, return_dict=True)["loss"] == 0.0
+    assert model.predict(x, precision="32").dtype == np.float32
 
 
 def test_precision_64_fit_on_numpy_matches_plain_float64_pytorch(make_net, regression):
@@ -118,7 +118,8 @@ def test_predict_on_in_memory_inputs_passes_each_one(masked_inputs):
         expected = net(x, mask).detach()
         model = easyfit.Model(net)
         torch.testing.assert_close(model.predict([x, mask], batch_size=8), expected)
-        torch.testing.assert_close(model.predict((x.numpy(), mask.numpy()), batch_size=8), expected)
+        from_numpy = model.predict((x.numpy(), mask.numpy()), batch_size=8)   # numpy in, numpy out
+        torch.testing.assert_close(torch.as_tensor(from_numpy), expected)
 
 
 def test_predict_on_batches_that_are_the_nets_inputs(masked_inputs):
@@ -154,7 +155,7 @@ def test_fit_and_evaluate_on_in_memory_inputs(masked_inputs):
     model = easyfit.Model(net, "cross_entropy", "sgd")
     model.fit([x, mask], y, epochs=2, verbose=0)
     expected = nn.functional.cross_entropy(net(x, mask), y).item()
-    assert model.evaluate([x, mask], y, verbose=0)["loss"] == pytest.approx(expected, abs=1e-6)
+    assert model.evaluate([x, mask], y, verbose=0, return_dict=True)["loss"] == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match=r"x\[0\] and x\[1\] and y have different numbers of samples"):
         model.fit([x, mask[:-1]], y, verbose=0)
 

@@ -48,7 +48,7 @@ def test_binary_metrics_do_not_depend_on_the_batch_size(loss, breast_cancer):
                 "f1": sk.f1_score(labels, predicted), "precision": sk.precision_score(labels, predicted),
                 "recall": sk.recall_score(labels, predicted)}
     for batch_size in (1, 8, 32):
-        scores = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+        scores = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
         assert {key: scores[key] for key in expected} == pytest.approx(expected, abs=1e-5), batch_size
 
 
@@ -60,7 +60,7 @@ def test_multiclass_auroc_on_logits_does_not_depend_on_the_batch_size(digits):
     expected = {"accuracy": sk.accuracy_score(y, probabilities.argmax(1)),
                 "auroc": sk.roc_auc_score(y, probabilities, multi_class="ovr", average="macro")}
     for batch_size in (1, 7, 64):
-        scores = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+        scores = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
         assert {key: scores[key] for key in expected} == pytest.approx(expected, abs=1e-5), batch_size
 
 
@@ -72,7 +72,7 @@ def test_one_hot_targets_are_a_multiclass_task(digits):
     history = model.fit(x, one_hot, epochs=2, batch_size=32, verbose=0).history
     probabilities = net(x).detach().softmax(1)
     predicted = probabilities.argmax(1)
-    scores = model.evaluate(x, one_hot, batch_size=50, verbose=0)
+    scores = model.evaluate(x, one_hot, batch_size=50, verbose=0, return_dict=True)
     assert scores["accuracy"] == pytest.approx(sk.accuracy_score(y, predicted), abs=1e-6) and scores["accuracy"] > 0.8
     assert scores["f1"] == pytest.approx(sk.f1_score(y, predicted, average="macro"), abs=1e-5)
     assert scores["auroc"] == pytest.approx(sk.roc_auc_score(y, probabilities, multi_class="ovr"), abs=1e-5)
@@ -91,7 +91,7 @@ def test_multi_label_targets_are_a_multilabel_task(loss, digits):
     outputs = net(x).detach()
     probabilities = outputs.sigmoid() if loss == "bce_with_logits" else outputs.clamp(0, 1)
     predicted = (probabilities > 0.5).long()
-    scores = model.evaluate(x, labels, batch_size=16, verbose=0)
+    scores = model.evaluate(x, labels, batch_size=16, verbose=0, return_dict=True)
     assert scores["accuracy"] == pytest.approx((predicted == labels).float().mean().item(), abs=1e-6)
     assert scores["accuracy"] > 0.7
     assert scores["f1"] == pytest.approx(sk.f1_score(labels, predicted, average="macro"), abs=1e-5)
@@ -105,14 +105,15 @@ def test_top_k_accuracy_on_a_multi_label_task_is_refused(digits):
     labels = torch.stack([y % 2 == 0, y > 4, y == 0, y == 1], dim=1).float()
     model = easyfit.Model(nn.Linear(64, 4), "bce_with_logits", "sgd", metrics=["top3_accuracy"])
     with pytest.raises(ValueError, match="needs a multiclass task"):
-        model.evaluate(x, labels, verbose=0)
+        model.evaluate(x, labels, verbose=0, return_dict=True)
 
 
 def test_regression_metrics_see_the_outputs_unchanged():
     x, y = datasets.load_diabetes(return_X_y=True)
     x, y = torch.from_numpy(x).float(), torch.from_numpy(y).float()[:, None] / 100
     net = nn.Linear(10, 1)
-    scores = easyfit.Model(net, "mse", "sgd", metrics=["mae", "r2"]).evaluate(x, y, batch_size=16, verbose=0)
+    scores = easyfit.Model(net, "mse", "sgd", metrics=["mae", "r2"]).evaluate(x, y, batch_size=16, verbose=0,
+                                                                              return_dict=True)
     output = net(x).detach().numpy()
     assert scores["mae"] == pytest.approx(sk.mean_absolute_error(y, output), rel=1e-5)
     assert scores["r2"] == pytest.approx(sk.r2_score(y, output), rel=1e-5)
@@ -122,7 +123,7 @@ def test_probability_targets_that_are_no_classes_are_refused_for_accuracy(digits
     x, _ = digits
     model = easyfit.Model(nn.Linear(64, 3), "mse", "sgd", metrics=["accuracy"])
     with pytest.raises(ValueError, match="classification metrics need class targets"):
-        model.evaluate(x, torch.full((len(x), 3), 2.5), verbose=0)
+        model.evaluate(x, torch.full((len(x), 3), 2.5), verbose=0, return_dict=True)
 
 
 def test_numpy_one_hot_from_keras_habits(digits):
@@ -130,5 +131,5 @@ def test_numpy_one_hot_from_keras_habits(digits):
     one_hot = np.eye(10, dtype="float32")[y.numpy()]
     net = nn.Linear(64, 10)
     scores = easyfit.Model(net, "categorical_crossentropy", "sgd", metrics=["acc"]).evaluate(x.numpy(), one_hot,
-                                                                                           verbose=0)
+                                                                                           verbose=0, return_dict=True)
     assert scores["acc"] == pytest.approx(sk.accuracy_score(y, net(x).argmax(1)), abs=1e-6)

@@ -50,7 +50,7 @@ def _check_exact_evaluation(outcome: dict) -> None:
     net = make_net()
     net.load_state_dict(outcome["state"])
     single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
-    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0)
+    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
     assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
     torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))

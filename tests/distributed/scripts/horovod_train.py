@@ -46,7 +46,7 @@ def main() -> None:
         model.fit(x, y, epochs=2, resume_from=checkpoint, **fit)
     else:
         model.fit(x, y, epochs=2, **fit)
-    scores = model.evaluate(x[:101], y[:101], batch_size=8, verbose=0, **run)
+    scores = model.evaluate(x[:101], y[:101], batch_size=8, verbose=0, **run, return_dict=True)
     predictions = model.predict(x[:101], batch_size=8, **run)
     rank = int(os.environ.get("HOROVOD_RANK", 0))
     if "HOROVOD_RANK" in os.environ:
