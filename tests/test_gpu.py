@@ -51,7 +51,7 @@ def test_ddp_with_nccl_on_one_gpu_matches_plain_pytorch(classification):
               strategy=easyfit.strategies.DDP(process_group_backend="nccl"))
     assert model.strategy.process_group_backend == "nccl"
     assert_close(net.state_dict(), expected, atol=1e-5)
-    scores = model.evaluate(x, y, verbose=0, accelerator="gpu", devices=1, strategy="ddp")
+    scores = model.evaluate(x, y, verbose=0, return_dict=True, accelerator="gpu", devices=1, strategy="ddp")
     assert 0 <= scores["loss"] < 2
 
 
