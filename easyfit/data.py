@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from easyfit.tensors import map_tensors
-from easyfit.validation import check_positive_int
+from easyfit.validation import check_not_a_path, check_positive_int
 
 
 class EpochSampler(Sampler):
@@ -116,8 +116,8 @@ class TensorBatches:
 class LoaderBatches:
     """Batches from a DataLoader or any re-iterable of batches, moved to the device."""
 
-    def __init__(self, loader: Iterable, device: torch.device):
-        self.loader, self.device = loader, device
+    def __init__(self, loader: Iterable, device: torch.device, source: str = "the training data"):
+        self.loader, self.device, self.source = loader, device, source
         self.epochs_started = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -139,24 +139,41 @@ class LoaderBatches:
             yield move_to_device(batch, self.device)
         if empty and self.epochs_started > 1:
             raise ValueError(
-                f"the training data yielded no batches in epoch {self.epochs_started}: a one-shot iterator or "
+                f"{self.source} yielded no batches in epoch {self.epochs_started}: a one-shot iterator or "
                 "generator is exhausted after one pass. Pass a re-iterable (a list of batches, a Dataset or a "
-                "DataLoader) to train for several epochs.")
+                "DataLoader) to use it in several epochs.")
 
 
 # ----------------------------------------------------------------------------------------
 # Normalising user input
 # ----------------------------------------------------------------------------------------
 def as_tensor(array: Any, name: str, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A numpy array / list / tensor as a tensor; float64 numpy data becomes `float_dtype` (float32, PyTorch's
-    default; float64 in a run with precision "64")."""
+    """A numpy array / pandas DataFrame or Series / list / tensor as a tensor; float64 numpy data becomes
+    `float_dtype` (float32, PyTorch's default; float64 in a run with precision "64")."""
     if isinstance(array, torch.Tensor):
         return array
+    check_not_a_path(array, name)
+    if type(array).__name__ in ("DataFrame", "Series") and hasattr(array, "to_numpy"):
+        array = _frame_to_numpy(array, name)
+    if not getattr(getattr(array, "flags", None), "writeable", True):
+        array = array.copy()   # torch shares a numpy array's memory and cannot use a read-only one
     try:
         tensor = torch.as_tensor(array)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} could not be turned into a tensor ({type(array).__name__}): {error}") from None
     return tensor.to(float_dtype) if tensor.dtype == torch.float64 else tensor
+
+
+def _frame_to_numpy(frame: Any, name: str):
+    """A pandas DataFrame / Series as a numeric numpy array (pandas itself is never imported here)."""
+    columns = frame.dtypes.items() if hasattr(frame, "columns") else [(frame.name, frame.dtype)]
+    text = [f"{column!r} ({dtype})" for column, dtype in columns if getattr(dtype, "kind", "O") not in "biuf"]
+    if text:
+        raise TypeError(f"{name} is a pandas {type(frame).__name__} with non-numeric column(s) {', '.join(text)}. "
+                        "Encode them as numbers first, e.g. pandas.get_dummies(df) or "
+                        "df[column].astype('category').cat.codes, or drop them.")
+    array = frame.to_numpy()
+    return frame.to_numpy(dtype="float64") if array.dtype == object else array   # bool columns beside numbers
 
 
 def several_inputs(x: Any) -> bool:
@@ -168,6 +185,7 @@ def several_inputs(x: Any) -> bool:
 def _tensors_from(x: Any, y: Any, float_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...] | None:
     """The tensors behind in-memory data (the inputs, then the target if any), or None when `x` is a dataset /
     loader / iterable of batches."""
+    check_not_a_path(x, "x")
     if isinstance(x, TensorDataset):
         if y is not None:
             raise ValueError("y was given together with a TensorDataset: the dataset already holds the targets")
@@ -257,6 +275,7 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
     float64 numpy data becomes `float_dtype`."""
     check_positive_int(batch_size, "batch_size")
     device = strategy.root_device
+    source = "the training data" if train else "the validation data"
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
         length = len(tensors[0])
@@ -265,21 +284,21 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
         batches = TensorBatches(tensors, batch_size, sampler, device, inputs_only=y is None and several_inputs(x))
         return _mark_sharded(batches, train, strategy)
     if isinstance(x, DataLoader):
-        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device)
+        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source)
         return _mark_sharded(batches, train or not replace_sampler, strategy)
     if isinstance(x, IterableDataset):
         _warn_iterable_not_sharded(strategy)
-        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device)
+        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device, source)
     if isinstance(x, Dataset):
         length = _dataset_length(x, "a Dataset")
         _check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         loader = DataLoader(x, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                             pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
-        return _mark_sharded(LoaderBatches(loader, device), train, strategy)
+        return _mark_sharded(LoaderBatches(loader, device, source), train, strategy)
     if strategy.world_size > 1:
         _warn_iterable_not_sharded(strategy)
-    return LoaderBatches(x, device)
+    return LoaderBatches(x, device, source)
 
 
 def _mark_sharded(batches, train: bool, strategy):

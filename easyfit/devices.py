@@ -30,6 +30,9 @@ FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', 
 def resolve_accelerator(accelerator: str) -> str:
     """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' -> the accelerator this process uses: 'cuda', 'mps' or 'cpu'."""
     key = str(accelerator).lower()
+    if key == "tpu":
+        raise NotImplementedError("accelerator='tpu': TPUs need torch_xla, which this version of easyfit does not "
+                                  "support yet. Use accelerator='gpu', 'cpu' or 'auto'.")
     if key not in ACCELERATORS:
         raise ValueError(f"unknown accelerator {accelerator!r}.{closest_name(key, ACCELERATORS)} "
                          f"Valid values: {', '.join(ACCELERATORS)}.")

@@ -57,6 +57,9 @@ def resolve_loss(loss) -> Callable:
             raise ValueError(f"unknown loss {loss!r}.{closest_name(key, LOSSES)} "
                              f"Valid names: {', '.join(sorted(LOSSES))}; or pass an nn.Module or a callable.")
         return LOSSES[key]()
+    if isinstance(loss, type):
+        raise TypeError(f"loss={loss.__name__} is a class; pass an instance, loss={loss.__name__}(), "
+                        "or a name such as 'cross_entropy'")
     if callable(loss):
         return loss
     raise TypeError("loss must be a name, an nn.Module or a callable (output, target) -> tensor; "
@@ -86,6 +89,17 @@ def check_targets(loss_fn: Callable, output, target) -> None:
     if isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and output.dim() < 2:
         raise ValueError(f"{name} needs one output per class (shape [batch, classes]); the net returned shape "
                          f"{tuple(output.shape)}. For a single-logit binary output use 'bce_with_logits'.")
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point():
+        if target.dim() == output.dim() and target.shape[-1] == 1:
+            raise ValueError(f"{name} expects class indices of shape {tuple(target.shape[:-1])}; got targets of "
+                             f"shape {tuple(target.shape)}. Squeeze them in your data: y.view(-1) (in-memory "
+                             "arrays are squeezed by fit itself).")
+        check_class_range(loss_fn, output.shape[1], target)
+    if isinstance(loss_fn, nn.BCELoss) and output.numel() and (output.min() < 0 or output.max() > 1):
+        raise ValueError(f"BCELoss needs probabilities in [0, 1], but the net's outputs range over "
+                         f"[{float(output.min()):.3g}, {float(output.max()):.3g}]: they look like logits. Use "
+                         "loss='bce_with_logits' (it applies the sigmoid itself, more stably), or end the net "
+                         "with nn.Sigmoid().")
     if isinstance(loss_fn, BINARY_LOSSES) and not target.is_floating_point():
         raise TypeError(f"{name} expects float targets (0.0 / 1.0) with the output's shape {tuple(output.shape)}; "
                         f"got {target.dtype}. Convert them with y.float().")
@@ -95,3 +109,13 @@ def check_targets(loss_fn: Callable, output, target) -> None:
             f"{tuple(output.shape)} and the target {tuple(target.shape)}; broadcasting them would give a wrong "
             f"loss. Reshape the target (e.g. y.view({', '.join(['-1'] + [str(s) for s in output.shape[1:]])})) "
             "or the net's output so they match.")
+
+
+def check_class_range(loss_fn, num_classes: int, target: torch.Tensor) -> None:
+    """Class indices must lie in [0, num_classes - 1] (the loss's ignore_index aside)."""
+    labels = target[target != getattr(loss_fn, "ignore_index", -100)]
+    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = int(labels.min()) if labels.min() < 0 else int(labels.max())
+        raise ValueError(f"the targets hold class index {bad}, but the net has {num_classes} outputs, so class "
+                         f"indices must lie in [0, {num_classes - 1}]. Give the net one output per class, or "
+                         "renumber the labels from 0 (e.g. y - y.min() for labels counted from 1).")

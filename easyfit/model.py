@@ -18,6 +18,7 @@ from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.first_batch import check_first_batch, check_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
 from easyfit.lr_scaling import (
@@ -28,12 +29,20 @@ from easyfit.lr_scaling import (
     scaled_learning_rates,
 )
 from easyfit.metrics import MetricSet, metric_names
-from easyfit.optimizers import build_optimizer, optimizer_name
+from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
 from easyfit.precision import Precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
-from easyfit.validation import check_positive_int, check_positive_number, closest_name
+from easyfit.validation import (
+    callback_list,
+    check_fit_arguments,
+    check_model_arguments,
+    check_positive_int,
+    check_positive_number,
+    check_verbose,
+    closest_name,
+)
 from easyfit.weights import validation_weight, weigh_batches
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
@@ -107,11 +116,12 @@ class Model:
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         if scheduler_interval not in ("epoch", "step"):
             raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
+        check_model_arguments(optimizer, metrics, lr)
         self.net = net
         self.loss_fn = resolve_loss(loss)
         self.optimizer = build_optimizer(optimizer, net, lr)
         self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
-                     "lr": lr, "metrics": metric_names(metrics)}
+                     "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net)}
         self.scheduler = _build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
         self.metrics = MetricSet(metrics, self.loss_fn)
@@ -158,6 +168,7 @@ class Model:
             check_positive_number(options.gradient_clip_val, "gradient_clip_val",
                                   "a positive number (the largest total gradient norm), or None for no clipping")
         lr_multiplier(options.lr_scaling, 1)
+        check_fit_arguments(options)
         history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         return history
@@ -168,8 +179,9 @@ class Model:
         no metrics, else [loss, metric, ...] in the order given to the Model; {"loss": ..., ...} with return_dict."""
         (run,) = _split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
+        check_verbose(verbose)
         logs = self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
-                              callbacks=callbacks or [])
+                              callbacks=callback_list(callbacks))
         return scores_result(logs, self.metrics.names, return_dict)
 
     def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
@@ -177,8 +189,9 @@ class Model:
         otherwise; float32 under mixed precision."""
         (run,) = _split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
+        check_verbose(verbose)
         outputs = self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
-                                 callbacks=callbacks or [])
+                                 callbacks=callback_list(callbacks))
         return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
 
     @property
@@ -228,9 +241,12 @@ class Model:
         if optimizer is None and spec.get("optimizer") is None:
             raise ValueError(f"{os.fspath(path)!r} was saved with an optimizer easyfit has no name for; "
                              "pass the same kind to Model.load(..., optimizer=...) to restore its state")
+        if optimizer is None and spec.get("param_groups"):   # rebuilt in the saved groups; their settings load next
+            optimizer = optimizer_factory(spec["optimizer"])(grouped_parameters(net, spec["param_groups"]))
         model = cls(net, loss if loss is not None else spec["loss"],
                     optimizer if optimizer is not None else spec["optimizer"],
-                    metrics if metrics is not None else spec.get("metrics"), lr=kwargs.pop("lr", spec.get("lr")),
+                    metrics if metrics is not None else spec.get("metrics"),
+                    lr=kwargs.pop("lr", spec.get("lr") if optimizer is None else None),
                     **kwargs)
         model.restore(state)
         return model
@@ -404,6 +420,7 @@ class Model:
 
     def _train(self, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
         strategy, optimizer = self.strategy, objects.optimizer
+        check_fit_data(self, objects.net, train, val)
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
         with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
             self._lr_multiplier = multiplier
@@ -470,14 +487,18 @@ class Model:
         batches = make_batches(x, y, batch_size=batch_size, strategy=self.strategy, train=False,
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
-        return self._eval_loop(verbose, callbacks).evaluate(batches)
+        loop = self._eval_loop(verbose, callbacks)
+        check_first_batch(self, self.net, batches, "the evaluation data")
+        return loop.evaluate(batches)
 
     def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
         strategy = self.strategy
         batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
-        outputs = self._eval_loop(verbose, callbacks).predict(batches)
+        loop = self._eval_loop(verbose, callbacks)
+        check_first_batch(self, self.net, batches, "the data", targets=False)
+        outputs = loop.predict(batches)
         tensors = all(isinstance(output, torch.Tensor) for output in outputs)
         if strategy.world_size == 1 or not getattr(batches, "sharded", False):
             return torch.cat(outputs) if outputs and tensors else outputs

@@ -60,6 +60,20 @@ def check_optimizer_owns(optimizer: torch.optim.Optimizer, net: nn.Module) -> No
                          "e.g. torch.optim.Adam(net.parameters()), or pass a name such as 'adam'.")
 
 
+def parameter_groups(optimizer: torch.optim.Optimizer, net: nn.Module) -> list[list[int]] | None:
+    """The positions in net.parameters() that each parameter group holds, when there are several (else None)."""
+    if len(optimizer.param_groups) == 1:
+        return None
+    position = {id(p): i for i, p in enumerate(net.parameters())}
+    return [[position[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+
+
+def grouped_parameters(net: nn.Module, groups: list[list[int]]) -> list[dict]:
+    """net's parameters in the groups `parameter_groups` described (their settings come with the loaded state)."""
+    params = list(net.parameters())
+    return [{"params": [params[i] for i in group]} for group in groups]
+
+
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str | None:
     """The name under which easyfit builds this optimizer's class (to rebuild it from a checkpoint), or None."""
     return next((name for name, (cls, _) in OPTIMIZERS.items() if type(optimizer) is cls), None)

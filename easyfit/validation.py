@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 
 
 def closest_name(name: str, choices) -> str:
@@ -23,3 +24,81 @@ def check_positive_number(value, name: str, expected: str = "a positive number")
     """Raise unless `value` is a finite real number > 0 (not a bool, not NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_not_a_path(data, name: str) -> None:
+    """Data given as a file name: easyfit takes arrays, tensors, datasets and loaders, and reads no files."""
+    if isinstance(data, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} is a {type(data).__name__} ({data!r}), but easyfit reads no files: load the data "
+                        "first, e.g. numpy.loadtxt(path, delimiter=',') or pandas.read_csv(path), and pass arrays, "
+                        "tensors, a Dataset or a DataLoader.")
+
+
+def check_model_arguments(optimizer, metrics, lr) -> None:
+    """Model(...) arguments that would be ignored or fail later: lr beside a built optimizer, a metric class."""
+    if lr is not None and not isinstance(optimizer, str):
+        raise ValueError(f"lr={lr!r} applies only to an optimizer given by name, but this optimizer "
+                         f"({type(optimizer).__name__}) sets its own learning rate. Set it there, e.g. "
+                         f"torch.optim.SGD(net.parameters(), lr={lr!r}), or pass optimizer='sgd', lr={lr!r}.")
+    values = metrics.values() if isinstance(metrics, dict) else metrics if isinstance(metrics, (list, tuple)) \
+        else [metrics]
+    for metric in values:
+        if isinstance(metric, type):
+            raise TypeError(f"metrics holds the class {metric.__name__}; pass an instance, e.g. "
+                            f"{metric.__name__}(task='multiclass', num_classes=10), or a name such as 'accuracy'.")
+
+
+def check_fit_arguments(options) -> None:
+    """Check fit's options (a FitOptions) and bring the forms Keras accepts to the one easyfit uses."""
+    check_positive_int(options.validation_freq, "validation_freq")
+    check_verbose(options.verbose)
+    if not isinstance(options.shuffle, bool):
+        raise TypeError(f"shuffle must be True or False, got {options.shuffle!r}")
+    options.callbacks = callback_list(options.callbacks)
+    options.validation_data = validation_tuple(options.validation_data)
+
+
+def check_verbose(verbose) -> None:
+    if verbose != "auto" and (not isinstance(verbose, int) or not 0 <= verbose <= 2):
+        raise ValueError(f"verbose must be 0 (silent), 1 (a progress bar), 2 (one line per epoch) or 'auto', "
+                         f"got {verbose!r}")
+
+
+def callback_list(callbacks) -> list:
+    """`callbacks=` as a list; one callback alone is accepted, as in Keras."""
+    # imported here: the callbacks package imports this module
+    from easyfit.callbacks.base import Callback
+    items = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    for item in items:
+        if isinstance(item, type):
+            raise TypeError(f"callbacks holds the class {item.__name__}; pass an instance: {item.__name__}(...)")
+        if not isinstance(item, Callback):
+            raise TypeError(f"callbacks must be easyfit.callbacks.Callback instances; got {type(item).__name__}")
+    return items
+
+
+def validation_parts(data) -> tuple:
+    """validation_data as (x, y, sample_weight): a tuple or list (x, y) or (x, y, sample_weight) of arrays, or
+    (data, None, None) for a Dataset, a DataLoader or an iterable of batches."""
+    check_not_a_path(data, "validation_data")
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and _is_array(data[0]) \
+            and all(_is_array(part) or part is None for part in data[1:]):
+        return (*data, None)[:3]
+    if isinstance(data, tuple) and len(data) == 2:   # e.g. ((x1, x2), y) for a net with two inputs
+        return (*data, None)
+    return data, None, None
+
+
+def validation_tuple(data):
+    """validation_data as fit takes it: a tuple (x, y) or (x, y, sample_weight) for arrays (a list is accepted, as in
+    Keras), the data itself otherwise."""
+    if data is None:
+        return None
+    x, y, sample_weight = validation_parts(data)
+    if y is None:
+        return data
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
+
+
+def _is_array(value) -> bool:
+    return hasattr(value, "__array__") or hasattr(value, "to_numpy") or type(value).__name__ == "Tensor"

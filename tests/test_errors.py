@@ -25,7 +25,7 @@ def error_message(error_type, call, *args, **kwargs) -> str:
 
 def fit_error(make_net, x, y, error_type=ValueError, loss="cross_entropy", net=None, **kwargs) -> str:
     model = easyfit.Model(net or make_net(), loss, "sgd")
-    return error_message(error_type, model.fit, x, y, verbose=0, **kwargs)
+    return error_message(error_type, model.fit, x, y, **{"verbose": 0, **kwargs})
 
 
 def test_x_and_y_of_different_lengths(make_net, classification):
@@ -178,3 +178,101 @@ def test_net_must_be_a_module():
     message = error_message(TypeError, easyfit.Model, lambda x: x)
     assert "torch.nn.Module" in message
     assert "scheduler_interval" in error_message(ValueError, easyfit.Model, nn.Linear(2, 2), scheduler_interval="x")
+
+
+# --- arguments that used to fail deep inside torch, or be ignored -------------------------------------
+def test_a_loss_class_instead_of_an_instance(make_net):
+    message = error_message(TypeError, easyfit.Model, make_net(), nn.CrossEntropyLoss)
+    assert "loss=CrossEntropyLoss is a class" in message and "loss=CrossEntropyLoss()" in message
+
+
+def test_validation_data_as_a_list_is_accepted(make_net, classification):
+    x, y = classification
+    history = easyfit.Model(make_net(), optimizer="sgd").fit(x, y, validation_data=[x, y], verbose=0)
+    assert len(history.history["val_loss"]) == 1
+
+
+def test_validation_data_as_a_list_with_sample_weights_is_accepted(make_net, classification):
+    x, y = classification
+    weights = torch.ones(len(x))
+    weights[::2] = 0.0
+    as_list = easyfit.Model(make_net(), optimizer="sgd").fit(x, y, validation_data=[x, y, weights], verbose=0)
+    as_tuple = easyfit.Model(make_net(), optimizer="sgd").fit(x, y, validation_data=(x, y, weights), verbose=0)
+    unweighted = easyfit.Model(make_net(), optimizer="sgd").fit(x, y, validation_data=(x, y), verbose=0)
+    assert as_list.history["val_loss"] == as_tuple.history["val_loss"] != unweighted.history["val_loss"]
+
+
+@pytest.mark.parametrize("option, value, error_type, words", [
+    ("validation_freq", 0, ValueError, "validation_freq must be a positive integer, got 0"),
+    ("verbose", "yes", ValueError, ("verbose must be 0 (silent), 1 (a progress bar), 2 (one line per epoch) or "
+                                    "'auto', got 'yes'")),
+    ("verbose", 3, ValueError, "got 3"),
+    ("shuffle", "no", TypeError, "shuffle must be True or False, got 'no'"),
+    ("callbacks", [easyfit.callbacks.EarlyStopping], TypeError,
+     "callbacks holds the class EarlyStopping; pass an instance: EarlyStopping(...)"),
+    ("callbacks", [print], TypeError, "callbacks must be easyfit.callbacks.Callback instances"),
+])
+def test_fit_options_of_the_wrong_kind(option, value, error_type, words, make_net, classification):
+    assert words in fit_error(make_net, *classification, error_type=error_type, **{option: value})
+
+
+@pytest.mark.parametrize("method", ["evaluate", "predict"])
+def test_evaluate_and_predict_check_verbose_and_callbacks(method, make_net, classification):
+    model = easyfit.Model(make_net())
+    data = classification[:1] if method == "predict" else classification
+    assert "got 'yes'" in error_message(ValueError, getattr(model, method), *data, verbose="yes")
+    assert "pass an instance" in error_message(TypeError, getattr(model, method), *data, verbose=0,
+                                               callbacks=easyfit.callbacks.Callback)
+
+
+def test_a_single_callback_is_accepted(make_net, classification):
+    class Epochs(easyfit.callbacks.Callback):
+        epochs = 0
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs += 1
+    epochs = Epochs()
+    easyfit.Model(make_net(), optimizer="sgd").fit(*classification, epochs=2, verbose=0, callbacks=epochs)
+    assert epochs.epochs == 2
+
+
+def test_a_metric_class_instead_of_an_instance(make_net):
+    import torchmetrics
+    message = error_message(TypeError, easyfit.Model, make_net(), metrics=[torchmetrics.Accuracy])
+    assert "metrics holds the class Accuracy; pass an instance" in message and "'accuracy'" in message
+
+
+@pytest.mark.parametrize("optimizer", ["instance", "factory"])
+def test_lr_beside_an_optimizer_that_sets_its_own(optimizer, make_net):
+    net = make_net()
+    given = torch.optim.SGD(net.parameters(), lr=0.5) if optimizer == "instance" else \
+        (lambda params: torch.optim.SGD(params, lr=0.5))
+    message = error_message(ValueError, easyfit.Model, net, optimizer=given, lr=0.1)
+    assert "lr=0.1 applies only to an optimizer given by name" in message and "optimizer='sgd', lr=0.1" in message
+
+
+def test_load_restores_an_optimizer_with_two_parameter_groups(make_net, classification, tmp_path):
+    net = make_net()
+    groups = [{"params": net[0].parameters()}, {"params": net[2].parameters(), "lr": 1e-4}]
+    model = easyfit.Model(net, optimizer=torch.optim.Adam(groups, lr=1e-3))
+    model.fit(*classification, verbose=0)
+    model.save(tmp_path / "groups.pt")
+    loaded = easyfit.Model.load(tmp_path / "groups.pt", net=make_net(seed=1))
+    assert [group["lr"] for group in loaded.optimizer.param_groups] == [1e-3, 1e-4]
+    assert str(loaded.optimizer.state_dict()) == str(model.optimizer.state_dict())
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_a_file_name_as_data(method, make_net):
+    model = easyfit.Model(make_net())
+    message = error_message(TypeError, getattr(model, method), "data.csv", verbose=0)
+    assert "x is a str ('data.csv')" in message and "reads no files" in message and "read_csv" in message
+
+
+def test_strategy_none_means_auto(make_net, classification):
+    easyfit.Model(make_net(), optimizer="sgd").fit(*classification, strategy=None, verbose=0)
+
+
+def test_tpu_needs_torch_xla(make_net, classification):
+    message = fit_error(make_net, *classification, error_type=NotImplementedError, accelerator="tpu")
+    assert "TPUs need torch_xla" in message and "does not support yet" in message

@@ -130,8 +130,9 @@ def auto_strategy_name(call: Call) -> str:
     return "ddp_fork" if call.interactive else "ddp"
 
 
-def strategy_name(strategy: str) -> str:
-    key = str(strategy).lower()
+def strategy_name(strategy: str | None) -> str:
+    """The registered name a strategy= value means; None means 'auto'."""
+    key = "auto" if strategy is None else str(strategy).lower()
     if key in STRATEGIES or key == "auto":
         return key
     valid = ["auto", *STRATEGIES]
