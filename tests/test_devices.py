@@ -192,7 +192,7 @@ def test_mps_missing_is_an_error(monkeypatch):
 
 
 @pytest.mark.parametrize("name, hint", [("gpus", "Did you mean 'gpu'?"), ("cdua", "Did you mean 'cuda'?"),
-                                        ("tpu", "Valid values: auto, cpu, gpu, cuda, mps.")])
+                                        ("ipu", "Valid values: auto, cpu, gpu, cuda, mps.")])
 def test_unknown_accelerator(name, hint):
     with pytest.raises(ValueError, match=f"unknown accelerator {name!r}") as error:
         resolve_accelerator(name)
