@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from easyfit.data import (
     LoaderBatches,
+    PredictInputs,
     TensorBatches,
     batch_length,
     move_to_device,
@@ -51,12 +52,21 @@ def check_first_batch(model, net: nn.Module, batches, source: str, training: boo
     if batch is None:
         return
     norms: list[tuple[str, nn.Module, torch.Size]] = []
-    output = _run(net, precision, batches, batch, source, norms)
+    output = _run(net, precision, batches, batch, source, norms, _inputs_rule(net, targets))
     target = split_batch(batch)[1]
     if training:
         _check_batch_of_one(batches, norms, source)
     if targets and target is not None and isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
         _check_loss(model.loss_fn, batches, precision, output, target)
+
+
+def _inputs_rule(net: nn.Module, targets: bool):
+    """How the loop takes a batch's inputs: as in training, or by predict's rule (whose warning the loop gives)."""
+    if targets:
+        return lambda batch: split_batch(batch)[0]
+    rule = PredictInputs(net)
+    rule.warned = True
+    return rule
 
 
 # --- conforming in-memory data --------------------------------------------------------------
@@ -108,21 +118,21 @@ def _peek(batches) -> Any:
     return move_to_device(loader.collate_fn(samples), batches.device) if samples else None
 
 
-def _run(net: nn.Module, precision, batches, batch, source: str, norms: list):
+def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to_inputs):
     """The net's output on `batch`; in-memory integer inputs become floats when only floats run."""
     try:
-        return _forward(net, precision, batch, norms)
+        return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:
         if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _float_dtype(net))):
-            raise _explain(error, net, split_batch(batch)[0], source) from error
+            raise _explain(error, net, to_inputs(batch), source) from error
     batch = _peek(batches)
     try:
-        return _forward(net, precision, batch, norms)
+        return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:
-        raise _explain(error, net, split_batch(batch)[0], source) from error
+        raise _explain(error, net, to_inputs(batch), source) from error
 
 
-def _forward(net: nn.Module, precision, batch, norms: list):
+def _forward(net: nn.Module, precision, inputs, norms: list):
     """One forward pass that changes nothing: no gradients, eval mode, the RNG state restored after it."""
     norms.clear()
     hooks = [module.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, m, args[0].shape)))
@@ -130,7 +140,7 @@ def _forward(net: nn.Module, precision, batch, norms: list):
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
-            return call_net(net, split_batch(precision.convert_input(batch))[0])
+            return call_net(net, inputs)
     finally:
         for hook in hooks:
             hook.remove()
