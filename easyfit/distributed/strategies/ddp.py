@@ -21,6 +21,7 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.ddp_comm import CommOptions, configure_communication
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why
@@ -227,10 +228,15 @@ class DDPStrategy(ParallelStrategy):
     START_METHODS = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}
 
     def __init__(self, *args, start_method: str = "popen", find_unused_parameters: bool = False,
-                 sync_batchnorm: bool = False, name: str | None = None, **kwargs):
+                 sync_batchnorm: bool = False, name: str | None = None, comm_hook: str | None = None,
+                 powersgd_rank: int = 1, powersgd_start_step: int = 10, model_averaging_period: int | None = None,
+                 model_averaging_warmup: int = 0, **kwargs):
         if start_method not in self.START_METHODS:
             raise ValueError(f"start_method must be one of {', '.join(self.START_METHODS)}, got {start_method!r}")
         super().__init__(*args, **kwargs)
+        #: compressed gradients / local SGD (see ddp_comm); inactive by default
+        self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
+                                         model_averaging_warmup)
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.name = name or self.START_METHODS[start_method]
@@ -240,6 +246,8 @@ class DDPStrategy(ParallelStrategy):
         return self.start_method != "popen"
 
     def check_call(self, call) -> None:
+        self.communication.check_backend(self.process_group_backend or call.process_group_backend
+                                         or ("nccl" if call.accelerator == "cuda" else "gloo"))
         if self.start_method == "popen" and call.interactive and not call.external and len(call.devices) > 1:
             raise ValueError(f"strategy={self.name!r} re-runs your script in each extra process, but this is a "
                              "notebook or REPL. Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
@@ -257,6 +265,8 @@ class DDPStrategy(ParallelStrategy):
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
                                           find_unused_parameters=self.find_unused_parameters)
+        if self.communication.active:
+            optimizer = configure_communication(wrapped, optimizer, self.communication)
         return wrapped, optimizer, scheduler
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
