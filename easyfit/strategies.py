@@ -19,6 +19,7 @@ CLASSES = {
     "DDPSharded": ("easyfit.distributed.strategies.fairscale", "ShardedStrategy"),
     "DeepSpeed": ("easyfit.distributed.strategies.deepspeed", "DeepSpeedStrategy"),
     "Horovod": ("easyfit.distributed.strategies.horovod", "HorovodStrategy"),
+    "Bagua": ("easyfit.distributed.strategies.bagua", "BaguaStrategy"),
 }
 __all__ = list(CLASSES)
 

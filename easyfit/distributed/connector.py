@@ -7,9 +7,9 @@ Precedence, top wins:
      rank 0 of a script whose ranks an earlier ddp call started, "auto" means those ranks too, so every rank
      resolves a call the same way.
   3. An explicit strategy name beats "auto".
-  4. "auto": under a backend's own launcher (horovodrun) -> that backend; several nodes -> ddp; one device ->
-     single; several devices in a script -> ddp, in a notebook or REPL -> ddp_fork (a notebook cannot re-run
-     itself, and fork needs no pickling).
+  4. "auto": under a backend's own launcher (horovodrun, Bagua's) -> that backend; several nodes -> ddp; one
+     device -> single; several devices in a script -> ddp, in a notebook or REPL -> ddp_fork (a notebook cannot
+     re-run itself, and fork needs no pickling).
 Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
@@ -93,6 +93,11 @@ def _horovod(call: Call) -> Strategy:
     return HorovodStrategy()
 
 
+def _bagua(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.bagua import BaguaStrategy
+    return BaguaStrategy()
+
+
 #: name -> builder. A new backend is one module plus one row here.
 STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "single": _single,
@@ -114,9 +119,10 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "deepspeed_stage_3": _deepspeed(3),
     "deepspeed_stage_3_offload": _deepspeed(3, offload=True),
     "horovod": _horovod,
+    "bagua": _bagua,
 }
 #: names of backends that later versions of easyfit add
-PLANNED = ("bagua",)
+PLANNED: tuple[str, ...] = ()
 
 
 def auto_strategy_name(call: Call) -> str:

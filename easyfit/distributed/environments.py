@@ -3,13 +3,14 @@
 Detection reads only `os.environ`, so it is cheap. `detect_environment()` checks, in this order:
 
 1. a child started by easyfit's own launcher (`EASYFIT_LAUNCHED_RANK=1`)   -> LocalEnvironment, launched
-2. torchrun / torch elastic (`TORCHELASTIC_RUN_ID`, or `GROUP_RANK` + ranks) -> TorchElasticEnvironment
-3. the deepspeed launcher (`CROSS_RANK`, `CROSS_SIZE`: only it sets them)   -> DeepSpeedEnvironment
-4. mpirun / horovodrun (Open MPI `OMPI_COMM_WORLD_*`, horovodrun's `HOROVOD_*`,
+2. Bagua's launcher (`BAGUA_SERVICE_PORT` + torch's rank variables)       -> BaguaEnvironment
+3. torchrun / torch elastic (`TORCHELASTIC_RUN_ID`, or `GROUP_RANK` + ranks) -> TorchElasticEnvironment
+4. the deepspeed launcher (`CROSS_RANK`, `CROSS_SIZE`: only it sets them)   -> DeepSpeedEnvironment
+5. mpirun / horovodrun (Open MPI `OMPI_COMM_WORLD_*`, horovodrun's `HOROVOD_*`,
    MPICH / Intel MPI `PMI_*` with `MPI_LOCAL*`)                             -> MPIEnvironment
-5. SLURM running more than one task (`srun`, or `sbatch` with `--ntasks` > 1),
+6. SLURM running more than one task (`srun`, or `sbatch` with `--ntasks` > 1),
    outside an interactive allocation                                       -> SLURMEnvironment
-6. anything else: a plain `python script.py`; easyfit starts the others     -> LocalEnvironment
+7. anything else: a plain `python script.py`; easyfit starts the others     -> LocalEnvironment
 
 The launcher that started this very process comes first: launchers run inside others (torchrun, deepspeed, mpirun or
 horovodrun inside a SLURM job) and the outer one's variables are still there but describe the wrong processes.
@@ -259,6 +260,23 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return f"run torchrun --nnodes={num_nodes} --nproc-per-node={devices_per_node} on each node"
 
 
+class BaguaEnvironment(ClusterEnvironment):
+    """Processes started by Bagua's launcher (`python -m bagua.distributed.launch`, `baguarun`): torch's rank
+    variables plus BAGUA_SERVICE_PORT."""
+
+    name = "the bagua launcher"
+    native_strategy = "bagua"
+    variables = {**TORCH_RANKS, "node_rank": "NODE_RANK", "local_world_size": "LOCAL_WORLD_SIZE"}
+
+    @staticmethod
+    def detect() -> bool:
+        return _all_set(("BAGUA_SERVICE_PORT", *TORCH_RANKS.values()))
+
+    def launch_fix(self, num_nodes: int, devices_per_node: int) -> str:
+        return (f"run python -m bagua.distributed.launch --nnodes={num_nodes} --nproc_per_node={devices_per_node} "
+                "on each node")
+
+
 class DeepSpeedEnvironment(ClusterEnvironment):
     """Processes started by the `deepspeed` launcher: the usual ranks plus CROSS_RANK, CROSS_SIZE and LOCAL_SIZE."""
 
@@ -417,7 +435,8 @@ def _numbers(ranges: str, nodelist: str) -> list[str]:
     return numbers
 
 
-ENVIRONMENTS = (LocalEnvironment, TorchElasticEnvironment, DeepSpeedEnvironment, MPIEnvironment, SLURMEnvironment)
+ENVIRONMENTS = (LocalEnvironment, BaguaEnvironment, TorchElasticEnvironment, DeepSpeedEnvironment, MPIEnvironment,
+                SLURMEnvironment)
 
 
 def detect_environment() -> ClusterEnvironment:

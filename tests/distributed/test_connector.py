@@ -129,6 +129,7 @@ NAMED = {
        ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
         "deepspeed_stage_3_offload")},
     "horovod": ("HorovodStrategy", None, "HorovodLauncher"),
+    "bagua": ("BaguaStrategy", None, "ScriptLauncher"),
 }
 
 
@@ -138,6 +139,8 @@ def test_the_table_names_every_strategy_tested_here():
 
 @pytest.mark.parametrize("name", NAMED)
 def test_each_name_gives_its_class_start_method_and_launcher(name, gpus, env):
+    if name == "bagua":
+        pytest.importorskip("bagua.torch_api", reason="Bagua is not installed (tests/distributed/test_bagua.py)")
     env(TWO_NODES_BY_HAND)
     arguments = {"single": dict(devices=1), "ddp2": dict(devices=2, num_nodes=2)}.get(name, dict(devices=2))
     strategy = connect(name.upper() if name == "ddp" else name, **arguments)   # names are case-insensitive
