@@ -17,6 +17,7 @@ from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
+from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.first_batch import check_first_batch, check_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
@@ -349,8 +350,10 @@ class Model:
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
         """Run `method` in this process or, via the strategy's launcher, in every rank."""
+        training_memory = estimate(self.net, self.optimizer) if method == "_fit_in_process" else None
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
-                           num_nodes=run.num_nodes, process_group_backend=run.process_group_backend)
+                           num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
+                           training_memory=training_memory)
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]

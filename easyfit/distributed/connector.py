@@ -9,7 +9,9 @@ Precedence, top wins:
   3. An explicit strategy name beats "auto".
   4. "auto": under a backend's own launcher (horovodrun, Bagua's) -> that backend; several nodes -> ddp; one
      device -> single; several devices in a script -> ddp, in a notebook or REPL -> ddp_fork (a notebook cannot
-     re-run itself, and fork needs no pickling).
+     re-run itself, and fork needs no pickling). A fit passes the estimated bytes of its training state
+     (parameters, gradients, optimizer state): on several devices, when one replica would not fit a device's
+     memory, "auto" picks fsdp instead of ddp / ddp_fork and the strategy's `auto_reason` says why.
 Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Callable
 import torch
 
 from easyfit.devices import is_interactive, parse_devices, resolve_accelerator
+from easyfit.distributed import memory
 from easyfit.distributed.environments import ClusterEnvironment, detect_environment
+from easyfit.distributed.memory import TrainingMemory
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.validation import check_positive_int, closest_name
 
@@ -70,7 +74,8 @@ def _zero(call: Call) -> Strategy:
 def _fsdp(cpu_offload: bool) -> Callable[[Call], Strategy]:
     def build(call: Call) -> Strategy:
         from easyfit.distributed.strategies.fsdp import FSDPStrategy
-        return FSDPStrategy(cpu_offload=cpu_offload)
+        fork = call.interactive and not call.external   # a notebook cannot re-run itself: its ranks are forked
+        return FSDPStrategy(cpu_offload=cpu_offload, start_method="fork" if fork else "popen")
     return build
 
 
@@ -125,15 +130,20 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
 PLANNED: tuple[str, ...] = ()
 
 
-def auto_strategy_name(call: Call) -> str:
-    """Rule 4 of the module docstring."""
+def auto_strategy_name(call: Call, training_memory: TrainingMemory | None = None) -> tuple[str, str | None]:
+    """Rule 4 of the module docstring: (name, why a sharded strategy was picked or None)."""
     if call.external and call.environment.native_strategy:
-        return call.environment.native_strategy
-    if call.num_nodes > 1 or (call.external and call.environment.world_size() > 1):
-        return "ddp"
-    if len(call.devices) == 1:
-        return "single"
-    return "ddp_fork" if call.interactive else "ddp"
+        return call.environment.native_strategy, None
+    several = call.num_nodes > 1 or (call.external and call.environment.world_size() > 1)
+    if not several and len(call.devices) == 1:
+        return "single", None
+    if training_memory is not None:
+        processes = (call.external and call.environment.local_world_size()) or len(call.devices)
+        available = memory.device_memory(call.accelerator, call.devices, processes)
+        reason = memory.sharding_reason(training_memory, available)
+        if reason is not None:
+            return memory.SHARDED, reason
+    return ("ddp_fork" if call.interactive and not several else "ddp"), None
 
 
 def strategy_name(strategy: str | None) -> str:
@@ -183,7 +193,7 @@ def _node_devices(call: Call, devices) -> list[torch.device]:
 
 
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
-            process_group_backend: str | None = None) -> Strategy:
+            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None) -> Strategy:
     """The Strategy for this call, configured for this process. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
     2. resolve "auto" (rule 4) and build the strategy from its row in STRATEGIES (or take the user's object);
@@ -196,10 +206,12 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
     resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
+    reason = None
     if name == "auto":
-        name = auto_strategy_name(call)
+        name, reason = auto_strategy_name(call, training_memory)
     if name is not None:
         strategy = STRATEGIES[name](call)
+        strategy.auto_reason = reason
     if strategy.uses_launcher_processes:
         call = replace(call, devices=_node_devices(call, devices))
     _check_conflicts(strategy, call)

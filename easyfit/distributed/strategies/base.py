@@ -45,6 +45,8 @@ class Strategy:
     handles_accumulation = False
     #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
     handles_clipping = False
+    #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
+    auto_reason: str | None = None
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")
