@@ -37,6 +37,10 @@ def save_file_atomically(path: str | os.PathLike, obj) -> None:
 def load_checkpoint_file(path: str | os.PathLike, map_location=None) -> dict:
     """Read a checkpoint written by `save_checkpoint_file`; clear errors for a missing or foreign file."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory, e.g. a sharded checkpoint (state_dict_type='sharded'): resume it "
+                         "with fit(resume_from=...) under the strategy that wrote it, or turn it into one file: "
+                         f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; check the path "
                                 "(ModelCheckpoint and model.save write the files easyfit can resume from)")

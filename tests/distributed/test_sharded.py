@@ -6,12 +6,15 @@ the backends' set-up is what costs time here."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
 from runner import make_data, make_net, run_script
 
 import easyfit
+from easyfit.checkpoint_convert import convert_checkpoint
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -75,6 +78,22 @@ def check_checkpoints(outcome: dict, strategies: list[str]) -> None:
         assert difference <= 1e-6, f"{strategy}: resumed training differs from straight training by {difference}"
 
 
+def check_sharded_format(outcome: dict, strategies: list[str], tmp_path) -> None:
+    """Sharded directories resume exactly and convert into one file that loads into a plain net on one process with
+    the weights and optimizer state the fit had after epoch 4."""
+    for strategy in strategies:
+        found = outcome[0][strategy]["sharded"]
+        difference = max_difference(found["resumed"], found["straight"])
+        print(f"resume {strategy:28s} sharded directory, 4 + 4 epochs vs 8 straight: max difference {difference:.2e}")
+        assert difference <= 1e-6, f"{strategy}: resumed from its sharded directory, differs by {difference}"
+        converted = tmp_path / f"{strategy}-converted.pt"
+        convert_checkpoint(found["directory"], converted)
+        restored = easyfit.Model.load(converted, net=make_net())
+        assert restored.completed_epochs == 4 and len(restored.history.history["loss"]) == 4
+        torch.testing.assert_close(restored.net.state_dict(), found["epoch4"]["net"], rtol=0, atol=0)
+        torch.testing.assert_close(restored.optimizer.state_dict(), found["epoch4"]["optimizer"], rtol=0, atol=0)
+
+
 def check_memory(outcome: dict, strategies: list[str]) -> None:
     baseline = outcome[0]["ddp"]["memory"]
     print(f"{'strategy':28s} {'rank':>4s} {'parameters':>12s} {'ratio':>6s} {'optimizer':>12s} {'ratio':>6s}")
@@ -98,7 +117,23 @@ def test_torch_sharded_strategies_match_plain_pytorch_and_shard(tmp_path):
 
 
 def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
-    check_checkpoints(run(tmp_path, "checkpoint", TORCH_ONLY), TORCH_ONLY)
+    """Also fsdp's sharded directory: it resumes on 2 processes, converts into one file, and resumes on 1 process."""
+    outcome = run(tmp_path, "checkpoint", TORCH_ONLY, "--sharded", "fsdp")
+    check_checkpoints(outcome, TORCH_ONLY)
+    check_sharded_format(outcome, ["fsdp"], tmp_path)
+    one = run(tmp_path, "resume_one", ["fsdp"], "--devices", "1")[0]["fsdp"]["resume_one"]
+    difference = max_difference(one["resumed"], outcome[0]["fsdp"]["sharded"]["straight"])
+    print(f"resume fsdp sharded directory of 2 processes on 1 (same global batch): max difference {difference:.2e}")
+    assert one["epochs"] == 8 and difference <= 1e-5
+
+
+def test_the_conversion_command_writes_one_file_and_refuses_other_directories(tmp_path):
+    process = subprocess.run([sys.executable, "-m", "easyfit.checkpoint_convert", str(tmp_path), str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=120)
+    assert process.returncode != 0 and "is not a sharded easyfit checkpoint" in process.stderr
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match=r"is a directory.*python -m easyfit.checkpoint_convert"):
+        easyfit.Model.load(tmp_path, net=make_net())
 
 
 @NEEDS_DEEPSPEED
@@ -110,7 +145,10 @@ def test_deepspeed_stages_match_plain_pytorch_and_shard(tmp_path):
 
 @NEEDS_DEEPSPEED
 def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
-    check_checkpoints(run(tmp_path, "checkpoint", DEEPSPEED), DEEPSPEED)
+    """Also DeepSpeed's own directory (stages 2 and 3): it resumes and converts into one plain file."""
+    outcome = run(tmp_path, "checkpoint", DEEPSPEED, "--sharded", "deepspeed_stage_2,deepspeed_stage_3")
+    check_checkpoints(outcome, DEEPSPEED)
+    check_sharded_format(outcome, ["deepspeed_stage_2", "deepspeed_stage_3"], tmp_path)
 
 
 @NEEDS_FAIRSCALE

@@ -104,6 +104,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.engine = self._optimizer = self._scheduler = self._user_net = None
         self._accumulating = False
         self._params: list[torch.nn.Parameter] = []
+        self._names: list[str] = []
         self._group_sizes: list[int] = []
 
     # --- configuration --------------------------------------------------------------
@@ -168,7 +169,7 @@ class DeepSpeedStrategy(DDPStrategy):
                                                dist_init_required=False)
         stepping = client if client is not None else engine.basic_optimizer
         self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net
-        self._params = [own[name] for name in names]
+        self._params, self._names = [own[name] for name in names], names
         self._group_sizes = [len(group["params"]) for group in optimizer.param_groups]
         if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
             self.load_optimizer_state(stepping, optimizer.state_dict())
@@ -255,12 +256,16 @@ class DeepSpeedStrategy(DDPStrategy):
                 entries[index] = {key: (safe_get_full_optimizer_state(param, key).detach().cpu()
                                         if _is_partitioned(value) else _copy(value))
                                   for key, value in flat_state.items()}
+        return {"state": entries, "param_groups": self._plain_groups(optimizer)}
+
+    def _plain_groups(self, optimizer) -> list[dict]:
+        """The param groups as the user's optimizer has them: hyper-parameters and parameter positions."""
         groups, start = [], 0
         for group, size in zip(optimizer.param_groups, self._group_sizes):
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start,
                                                                                                     start + size))})
             start += size
-        return {"state": entries, "param_groups": groups}
+        return groups
 
     def optimizer_state(self, optimizer) -> dict:
         if optimizer is not self._optimizer:
@@ -326,6 +331,8 @@ class DeepSpeedStrategy(DDPStrategy):
         if self.state_dict_type == "full" or self.engine is None:
             return super().save_checkpoint(path, state)
         rest = {key: value for key, value in state.items() if key not in ("net", "optimizer")}
+        # what easyfit.checkpoint_convert needs to write the optimizer state in the plain optimizer's form
+        rest.update(param_names=self._names, param_groups=self._plain_groups(self._optimizer))
         self.engine.save_checkpoint(path, tag="checkpoint",
                                     client_state={CLIENT_STATE_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
 
@@ -334,10 +341,13 @@ class DeepSpeedStrategy(DDPStrategy):
             return super().load_checkpoint(path)
         if self.engine is None:
             raise ValueError(f"{path!r} is a DeepSpeed checkpoint directory: resume it with fit(resume_from=...) "
-                             "under a DeepSpeed strategy (DeepSpeed's zero_to_fp32.py in it writes the plain weights)")
+                             "under a DeepSpeed strategy on as many processes as wrote it, or turn it into one file: "
+                             f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
         _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
-        return {**client_state[CLIENT_STATE_KEY], "net": {}, "optimizer": {}}
+        rest = {key: value for key, value in client_state[CLIENT_STATE_KEY].items()
+                if key not in ("param_names", "param_groups")}
+        return {**rest, "net": {}, "optimizer": {}}
 
 
 def _is_partitioned(value) -> bool:

@@ -191,7 +191,8 @@ class FSDPStrategy(DDPStrategy):
             return super().load_checkpoint(path)
         if self._sharded is None:
             raise ValueError(f"{path!r} is a sharded checkpoint directory: resume it with fit(resume_from=...) under "
-                             "strategy='fsdp'")
+                             "strategy='fsdp', or turn it into one file: "
+                             f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, META_FILE), map_location="cpu")

@@ -1,14 +1,21 @@
 """Sharded strategies as a real program: several strategies per launch, several checks per strategy.
 
 Usage: python sharded.py OUT_DIR CHECKS STRATEGY [STRATEGY ...] [--devices 2] [--cases plain,accumulate_clip]
+                        [--sharded NAME,NAME]
 CHECKS is a comma-separated list of:
   parity      Adam on the combined batch, plain and with accumulation 2 + clipping (weights after fit)
   checkpoint  a rank-0-only save after fit, a 4 + 4 epoch resume (ModelCheckpoint) and the 8 epochs straight
   memory      per-rank bytes of parameters and optimizer state on a net of a few million parameters, after a step
+  resume_one  (with --devices 1) resume fsdp's 2-process sharded directory OUT_DIR/fsdp-sharded-epoch4 on one
+              process with the same global batch (32), to epoch 8
+--sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
+writing directories with ModelCheckpoint, a resume to 8, 8 straight, and the weights and optimizer state after epoch 4.
 Each rank writes OUT_DIR/<rank>.pt with what it measured; rank 0 adds the weights and the trained predictions.
 """
 import argparse
+import functools
 import os
+import re
 import sys
 
 import torch
@@ -26,13 +33,13 @@ PARITY_CASES = {"plain": {"epochs": 6},
 LR = 0.01
 
 
-def fit(strategy: str, devices: int, net=None, **options) -> easyfit.Model:
+def fit(strategy, devices: int, net=None, batch_size: int = 16, **options) -> easyfit.Model:
     x, y = make_data()
     net = net or make_net()
     model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=LR))
     options = {"epochs": 2, **options}
-    model.fit(x, y, batch_size=16, shuffle=False, verbose=0, lr_scaling=None, devices=devices, accelerator="cpu",
-              strategy=strategy, **options)
+    model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0, lr_scaling=None, devices=devices,
+              accelerator="cpu", strategy=strategy, **options)
     return model
 
 
@@ -41,18 +48,46 @@ def parity(strategy: str, devices: int, cases: list[str]) -> dict:
             for case in cases}
 
 
+@functools.cache
+def straight(strategy: str, devices: int) -> dict:
+    """The weights after 8 epochs in one fit."""
+    return fit(strategy, devices, epochs=8).net.state_dict()
+
+
 def checkpoint(strategy: str, devices: int, out: str) -> dict:
     x, _ = make_data()
     model = fit(strategy, devices, epochs=2)
     saved = os.path.join(out, f"{strategy}-saved.pt")
     if model.is_global_zero:   # after fit, a save on rank 0 alone must not wait for the other ranks
         model.save(saved)
-    straight = fit(strategy, devices, epochs=8).net.state_dict()
     pattern = os.path.join(out, f"{strategy}-epoch{{epoch}}.pt")
     fit(strategy, devices, epochs=4, callbacks=[ModelCheckpoint(pattern, monitor="loss")])
     resumed = fit(strategy, devices, epochs=8, resume_from=pattern.format(epoch=4)).net.state_dict()
     return {"saved": saved, "predictions": model.predict(x, devices=1, strategy="single"),
-            "straight": straight, "resumed": resumed}
+            "straight": straight(strategy, devices), "resumed": resumed}
+
+
+def sharded_format(strategy: str):
+    """The strategy of that name, writing sharded checkpoint directories."""
+    if strategy == "fsdp":
+        return easyfit.strategies.FSDP(state_dict_type="sharded")
+    stage = re.fullmatch(r"deepspeed_stage_(\d)", strategy)
+    return easyfit.strategies.DeepSpeed(stage=int(stage.group(1)), state_dict_type="sharded")
+
+
+def sharded(strategy: str, devices: int, out: str) -> dict:
+    pattern = os.path.join(out, f"{strategy}-sharded-epoch{{epoch}}")
+    model = fit(sharded_format(strategy), devices, epochs=4, callbacks=[ModelCheckpoint(pattern, monitor="loss")])
+    at_epoch4 = {"net": model.net.state_dict(), "optimizer": model.optimizer.state_dict()}
+    resumed = fit(sharded_format(strategy), devices, epochs=8, resume_from=pattern.format(epoch=4))
+    return {"directory": pattern.format(epoch=4), "epoch4": at_epoch4, "straight": straight(strategy, devices),
+            "resumed": resumed.net.state_dict()}
+
+
+def resume_one(out: str) -> dict:
+    resumed = fit(easyfit.strategies.FSDP(state_dict_type="sharded"), 1, batch_size=32, epochs=8,
+                  resume_from=os.path.join(out, "fsdp-sharded-epoch4"))
+    return {"resumed": resumed.net.state_dict(), "epochs": len(resumed.history.history["loss"])}
 
 
 class Measure(easyfit.callbacks.Callback):
@@ -78,6 +113,7 @@ def main() -> None:
     parser.add_argument("checks")
     parser.add_argument("strategies", nargs="+")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--sharded", default="", help="the strategies whose sharded checkpoint format to check")
     parser.add_argument("--cases", default=",".join(PARITY_CASES), help="the parity cases to run")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -93,6 +129,10 @@ def main() -> None:
             found["checkpoint"] = checkpoint(strategy, args.devices, args.out)
         if "memory" in checks:
             found["memory"] = memory(strategy, args.devices)
+        if strategy in args.sharded.split(","):
+            found["sharded"] = sharded(strategy, args.devices, args.out)
+        if "resume_one" in checks:
+            found["resume_one"] = resume_one(args.out)
     torch.save(results, os.path.join(args.out, f"{launch_identity()[0]}.pt"))
 
 
