@@ -6,6 +6,7 @@ CHECKS is a comma-separated list of:
   parity      Adam on the combined batch, plain and with accumulation 2 + clipping (weights after fit)
   checkpoint  a rank-0-only save after fit, a 4 + 4 epoch resume (ModelCheckpoint) and the 8 epochs straight
   memory      per-rank bytes of parameters and optimizer state on a net of a few million parameters, after a step
+  bf16        precision="bf16-mixed", 10 epochs: the loss of each epoch and the weights after fit
   resume_one  (with --devices 1) resume fsdp's 2-process sharded directory OUT_DIR/fsdp-sharded-epoch4 on one
               process with the same global batch (32), to epoch 8
 --sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
@@ -67,6 +68,11 @@ def checkpoint(strategy: str, devices: int, out: str) -> dict:
             "straight": straight(strategy, devices), "resumed": resumed}
 
 
+def bf16(strategy: str, devices: int) -> dict:
+    model = fit(strategy, devices, epochs=10, precision="bf16-mixed")
+    return {"loss": model.history.history["loss"], "weights": model.net.state_dict()}
+
+
 def sharded_format(strategy: str):
     """The strategy of that name, writing sharded checkpoint directories."""
     if strategy == "fsdp":
@@ -120,8 +126,11 @@ def main() -> None:
     checks, results = args.checks.split(","), {}
     for strategy in args.strategies:
         found = results[strategy] = {}
+        if "bf16" in checks:
+            found["bf16"] = bf16(strategy, args.devices)
         if strategy == "ddp":   # the baseline of the memory check
-            found["memory"] = memory(strategy, args.devices)
+            if "memory" in checks:
+                found["memory"] = memory(strategy, args.devices)
             continue
         if "parity" in checks:
             found["parity"] = parity(strategy, args.devices, args.cases.split(","))
