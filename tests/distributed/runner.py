@@ -65,3 +65,18 @@ def assert_same_weights(actual: dict, expected: dict, atol: float = 1e-5) -> Non
     for name, value in expected.items():
         difference = (actual[name] - value).abs().max().item()
         assert difference <= atol, f"{name} differs by {difference}"
+
+
+def assert_exact_evaluation(outcome: dict) -> dict:
+    """The scores and predictions of a multi-process run (result.pt of the scripts) equal one process's on the
+    same trained weights; returns that process's scores."""
+    import easyfit
+    x, y = make_data()
+    net = make_net()
+    net.load_state_dict(outcome["state"])
+    single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
+    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
+    assert abs(outcome["scores"]["loss"] - expected["loss"]) <= 1e-6, (outcome["scores"], expected)
+    assert abs(outcome["scores"]["accuracy"] - expected["accuracy"]) <= 1e-6, (outcome["scores"], expected)
+    torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))
+    return expected

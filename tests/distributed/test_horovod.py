@@ -14,7 +14,16 @@ import time
 
 import pytest
 import torch
-from runner import SCRIPTS, assert_same_weights, make_data, make_net, processes_running, result, run_script
+from runner import (
+    SCRIPTS,
+    assert_exact_evaluation,
+    assert_same_weights,
+    make_data,
+    make_net,
+    processes_running,
+    result,
+    run_script,
+)
 
 import easyfit
 
@@ -45,17 +54,6 @@ def adam_reference(accumulate: int = 1, epochs: int = 2, batch: int = 32) -> dic
     return net.state_dict()
 
 
-def _check_exact_evaluation(outcome: dict) -> None:
-    x, y = make_data()
-    net = make_net()
-    net.load_state_dict(outcome["state"])
-    single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
-    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
-    assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
-    assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
-    torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))
-
-
 def _wait_until_no_ranks(timeout: float = 30.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while processes_running(RANK_PROCESS) and time.monotonic() < deadline:
@@ -77,9 +75,10 @@ def test_horovod_run_matches_plain_pytorch_on_the_combined_batch(accumulate, tmp
     print(f"max |horovod - torch| = {max_difference(outcome['state'], expected):.2e}")
     assert_same_weights(outcome["state"], expected, atol=1e-5)
     assert outcome["params"]["world_size"] == 2 and outcome["params"]["strategy"] == "horovod"
+    assert outcome["params"]["batch_factor"] == 2, "the LR scaling factor is hvd.size()"
     assert outcome["lr_after"] == pytest.approx(0.01 * 0.5 ** 2), "the schedule acted on the stepping optimizer"
     assert outcome["optimizer"]["state"], "the optimizer state came back to the caller"
-    _check_exact_evaluation(outcome)
+    assert_exact_evaluation(outcome)
     restored = easyfit.Model.load(tmp_path / "checkpoint.pt", net=make_net())
     assert_same_weights(restored.net.state_dict(), outcome["state"], atol=0)
     assert _wait_until_no_ranks() == []
@@ -104,7 +103,7 @@ def test_horovodrun_ranks_match_plain_pytorch_and_agree(tmp_path):
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     outcome = result(tmp_path)
     assert_same_weights(outcome["state"], adam_reference(3), atol=1e-5)
-    _check_exact_evaluation(outcome)
+    assert_exact_evaluation(outcome)
     ranks = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in (0, 1)]
     assert_same_weights(ranks[1], ranks[0], atol=0)
 

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner import assert_same_weights, make_data, make_net, reference_weights, result, run_script
+from runner import (
+    assert_exact_evaluation,
+    assert_same_weights,
+    make_data,
+    make_net,
+    reference_weights,
+    result,
+    run_script,
+)
 
 import easyfit
 
@@ -33,14 +41,7 @@ def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_p
     assert len(outcome["history"]["loss"]) == 2
     assert outcome["params"]["effective_batch_size"] == 32
     # evaluation is exact: the same numbers as one process on the same (trained) weights
-    x, y = make_data()
-    net = make_net()
-    net.load_state_dict(outcome["state"])
-    single = easyfit.Model(net, "cross_entropy", "sgd", metrics=["accuracy"])
-    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
-    assert outcome["scores"]["loss"] == pytest.approx(expected["loss"], abs=1e-6)
-    assert outcome["scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
-    torch.testing.assert_close(outcome["predictions"], single.predict(x[:101], batch_size=8))
+    expected = assert_exact_evaluation(outcome)
     assert outcome["local_scores"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
     restored = easyfit.Model.load(tmp_path / "checkpoint.pt", net=make_net())
     assert_same_weights(restored.net.state_dict(), outcome["state"], atol=0)

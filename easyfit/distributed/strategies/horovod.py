@@ -70,28 +70,26 @@ class HorovodStrategy(Strategy):
         """Processes on this node (what `horovod.run` starts for devices=N)."""
         return len(self.parallel_devices)
 
-    @property
-    def world_size(self) -> int:
+    def _identity(self, horovod: str, launcher: str, alone: int) -> int:
+        """Horovod's answer once this process joined the job; before, the launcher's, or this process's alone."""
         hvd = self._hvd
         if hvd is not None:
-            return hvd.size()
+            return getattr(hvd, horovod)()
         if self.environment.creates_processes_externally:
-            return self.environment.world_size()
-        return self.num_nodes * self.num_processes
+            return getattr(self.environment, launcher)()
+        return alone
+
+    @property
+    def world_size(self) -> int:
+        return self._identity("size", "world_size", self.num_nodes * self.num_processes)
 
     @property
     def global_rank(self) -> int:
-        hvd = self._hvd
-        if hvd is not None:
-            return hvd.rank()
-        return self.environment.global_rank() if self.environment.creates_processes_externally else 0
+        return self._identity("rank", "global_rank", 0)
 
     @property
     def local_rank(self) -> int:
-        hvd = self._hvd
-        if hvd is not None:
-            return hvd.local_rank()
-        return self.environment.local_rank() if self.environment.creates_processes_externally else 0
+        return self._identity("local_rank", "local_rank", 0)
 
     @property
     def node_rank(self) -> int:
