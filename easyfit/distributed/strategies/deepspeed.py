@@ -29,16 +29,18 @@ CLIENT_STATE_KEY = "easyfit"
 
 class DeepSpeedPrecision(Precision):
     """Mixed precision as DeepSpeed does it: the engine holds the net in fp16 / bf16 (with fp32 master weights in
-    the optimizer), so inputs are cast to that dtype and there is no autocast."""
+    the optimizer) and casts its floating inputs to that dtype (`cast_inputs`); there is no autocast. Batches stay
+    fp32, so the fp32 net that validation and the first-batch check run takes them as they are."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def convert_input(self, batch: Any) -> Any:
-        if self.autocast_dtype is None:
-            return super().convert_input(batch)
-        return map_tensors(lambda tensor: tensor.to(self.autocast_dtype) if tensor.is_floating_point() else tensor,
-                           batch)
+
+def cast_inputs(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast the floating tensors among `module`'s forward arguments to `dtype`, on every call."""
+    def cast(value):
+        return map_tensors(lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor, value)
+    module.register_forward_pre_hook(lambda _, args, kwargs: (cast(args), cast(kwargs)), with_kwargs=True)
 
 
 def merge(defaults: dict, user: dict) -> dict:
@@ -168,6 +170,10 @@ class DeepSpeedStrategy(DDPStrategy):
         engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=client, config=config,
                                                dist_init_required=False)
         stepping = client if client is not None else engine.basic_optimizer
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
+        low = next((dtype[key] for key in dtype if config.get(key, {}).get("enabled")), None)
+        if low is not None:
+            cast_inputs(engine.module, low)
         self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net
         self._params, self._names = [own[name] for name in names], names
         self._group_sizes = [len(group["params"]) for group in optimizer.param_groups]
