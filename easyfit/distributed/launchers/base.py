@@ -16,3 +16,6 @@ class Launcher:
     def launch(self, function: Callable, *args, **kwargs) -> Any:
         """Run `function(*args, **kwargs)` in every rank; return rank 0's result."""
         raise NotImplementedError
+
+    def start_early(self) -> None:
+        """Start the ranks now, ahead of the first call (`easyfit.launch`); nothing to do for most launchers."""

@@ -77,6 +77,7 @@ class ScriptRanks:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = base_env["MASTER_ADDR"], base_env["MASTER_PORT"]
         command = script_command()
         self.children: dict[int, subprocess.Popen] = {}
+        self.ready = False
         for local_rank in range(1, strategy.num_processes):
             env = {**base_env, "LOCAL_RANK": str(local_rank),
                    "RANK": str(strategy.node_rank * strategy.num_processes + local_rank)}
@@ -97,6 +98,8 @@ class ScriptRanks:
 
     def wait_until_ready(self, timeout_seconds: float) -> None:
         """Wait for every child to reach its first call, stopping everything if one fails on the way."""
+        if self.ready:
+            return
         deadline = time.monotonic() + timeout_seconds
         while not all(self._ready(rank) for rank in self.children):
             failure = root_cause(self.failures()) or self._exited_before_call()
@@ -108,6 +111,7 @@ class ScriptRanks:
                 raise RuntimeError(f"the other ranks did not reach their first fit / evaluate / predict call within "
                                    f"{timeout_seconds:.0f} s; every process must make the same calls")
             time.sleep(WATCH_INTERVAL)
+        self.ready = True
 
     def _ready(self, rank: int) -> bool:
         return os.path.exists(exchange_file(self.exchange_dir, "ready", rank))
@@ -235,13 +239,17 @@ class ScriptLauncher(Launcher):
                 raise failure from None
             raise
 
-    def _ranks(self) -> ScriptRanks:
+    def start_early(self) -> None:
+        """Start the copies now: they import and load their data while this rank does; the first call waits for
+        them to reach it."""
+        self._ranks(wait=False)
+
+    def _ranks(self, wait: bool = True) -> ScriptRanks:
         global _script_ranks
         strategy = self.strategy
         world = (strategy.num_processes, strategy.num_nodes, strategy.node_rank)
         if _script_ranks is None:
             _script_ranks = ScriptRanks(strategy)
-            _script_ranks.wait_until_ready(strategy.timeout.total_seconds())
         elif _script_ranks.stopped and world[0] > 1:
             raise RuntimeError("the other ranks of this script were stopped after a failure or an interrupt, and "
                                "they cannot be started again mid-script; fix the error and run the script again")
@@ -250,6 +258,8 @@ class ScriptLauncher(Launcher):
                 f"this script already runs as {_script_ranks.world[0]} processes per node × "
                 f"{_script_ranks.world[1]} node(s); a script re-launched for strategy='ddp' keeps its processes "
                 "until it ends, so every ddp call in it must use the same devices and num_nodes")
+        if wait:
+            _script_ranks.wait_until_ready(strategy.timeout.total_seconds())
         return _script_ranks
 
 
