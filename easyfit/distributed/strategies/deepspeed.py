@@ -18,7 +18,13 @@ import torch
 
 from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, require
+from easyfit.distributed.strategies.sharding import (
+    move_scheduler,
+    param_names,
+    rebuild_optimizer,
+    require,
+    without_weights,
+)
 from easyfit.precision import Precision
 from easyfit.tensors import map_tensors
 
@@ -336,7 +342,7 @@ class DeepSpeedStrategy(DDPStrategy):
         rest of the state in its client state."""
         if self.state_dict_type == "full" or self.engine is None:
             return super().save_checkpoint(path, state)
-        rest = {key: value for key, value in state.items() if key not in ("net", "optimizer")}
+        rest = without_weights(state)
         # what easyfit.checkpoint_convert needs to write the optimizer state in the plain optimizer's form
         rest.update(param_names=self._names, param_groups=self._plain_groups(self._optimizer))
         self.engine.save_checkpoint(path, tag="checkpoint",

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer
+from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, without_weights
 from easyfit.precision import Precision
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -181,8 +181,7 @@ class FSDPStrategy(DDPStrategy):
         import torch.distributed.checkpoint as dcp
         dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
         if self.is_global_zero:
-            rest = {key: value for key, value in state.items() if key not in ("net", "optimizer")}
-            save_checkpoint_file(os.path.join(path, META_FILE), {**rest, "param_names": self._names})
+            save_checkpoint_file(os.path.join(path, META_FILE), {**without_weights(state), "param_names": self._names})
         self.barrier()
 
     def load_checkpoint(self, path: str) -> dict:

@@ -60,6 +60,11 @@ def param_names(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
+def without_weights(state: dict) -> dict:
+    """A checkpoint state less the net and optimizer, which a sharded format writes in its own files."""
+    return {key: value for key, value in state.items() if key not in ("net", "optimizer")}
+
+
 def local_bytes(tensors) -> int:
     """Bytes of the tensors this rank holds: the local slice of a DTensor, the partition of a ZeRO-3 parameter."""
     total = 0
