@@ -33,6 +33,11 @@ def succeeded(process: subprocess.CompletedProcess) -> None:
     assert process.returncode == 0, process.stderr[-4000:]
 
 
+def failed_with(process: subprocess.CompletedProcess, words: str) -> None:
+    assert process.returncode != 0
+    assert words in process.stderr, process.stderr[-4000:]
+
+
 def test_evaluate_and_predict_with_defaults_after_a_ddp_fit_run_on_every_rank_exactly(tmp_path):
     succeeded(run_pattern(tmp_path, "evaluate_after_fit"))
     first, second = ranks(tmp_path)
@@ -60,9 +65,8 @@ def test_stop_training_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 
 
 def test_different_batch_counts_per_rank_fail_with_what_differs(tmp_path):
-    process = run_pattern(tmp_path, "uneven")
-    assert process.returncode != 0
-    assert "different numbers of training batches per epoch (rank 0: 4, rank 1: 3)" in process.stderr
+    failed_with(run_pattern(tmp_path, "uneven"),
+                "different numbers of training batches per epoch (rank 0: 4, rank 1: 3)")
 
 
 def test_an_iterable_dataset_with_fewer_batches_on_one_rank_trains_to_the_same_weights(tmp_path):
@@ -83,15 +87,11 @@ def test_sys_exit_in_a_callback_on_one_rank_is_reported(tmp_path):
 
 
 def test_a_call_made_by_rank_zero_only_fails_with_words_that_say_so(tmp_path):
-    process = run_pattern(tmp_path, "only_rank_zero_calls")
-    assert process.returncode != 0
-    assert "ended without making the call" in process.stderr
+    failed_with(run_pattern(tmp_path, "only_rank_zero_calls"), "ended without making the call")
 
 
 def test_a_rank_that_exits_with_code_0_before_its_first_call_fails_the_call(tmp_path):
-    process = run_pattern(tmp_path, "exit_before_call")
-    assert process.returncode != 0
-    assert "exited (code 0) before reaching" in process.stderr
+    failed_with(run_pattern(tmp_path, "exit_before_call"), "exited (code 0) before reaching")
 
 
 def test_predict_with_fewer_samples_than_processes(tmp_path):
@@ -117,9 +117,7 @@ def test_ddp_fork_with_a_lambda_loss_and_a_local_net_returns_the_history(tmp_pat
 
 
 def test_a_stuck_rank_is_named(tmp_path):
-    process = run_pattern(tmp_path, "stuck")
-    assert process.returncode != 0
-    assert "rank(s) 1 did not reach a collective in time" in process.stderr
+    failed_with(run_pattern(tmp_path, "stuck"), "rank(s) 1 did not reach a collective in time")
 
 
 def test_children_read_no_terminal_input(tmp_path):
