@@ -127,7 +127,7 @@ def test_children_read_no_terminal_input(tmp_path):
                       "make_data, make_net\ntry:\n    answer = input()\nexcept EOFError:\n    answer = 'eof'\n"
                       "x, y = make_data()\nmodel = easyfit.Model(make_net(), lr=0.05)\n"
                       "model.fit(x, y, epochs=1, verbose=0, devices=2, accelerator='cpu', strategy='ddp')\n"
-                      "print('ANSWER', answer, model.global_rank)\n")
+                      "sys.stdout.write(f'ANSWER {answer} {model.global_rank}\\n')\n")
     finished = subprocess.run([sys.executable, str(script), str(SCRIPTS)], input="go\n", capture_output=True,
                               text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert finished.returncode == 0, finished.stderr[-3000:]
