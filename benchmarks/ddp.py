@@ -10,7 +10,8 @@ Runs alternate (hand, easyfit, hand, ...) so that a change in machine load hits 
 
 throughput: samples/s over both processes, timed on rank 0 from step W to the end of training.
 first step: seconds from the moment this script launched the command to rank 0 beginning its first step.
-Bar: easyfit throughput >= 0.95 × hand-written.
+Bars: easyfit throughput >= 0.98 × hand-written; start to first step within 0.5 s of it in every run (each
+easyfit run is compared with the hand-written run just before it).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from easyfit.distributed.environments import find_free_port
 
 WORKERS = Path(__file__).resolve().parent / "ddp_workers"
 PROCESSES = 2
-BAR = 0.95
+BAR = 0.98
+START_BAR = 0.5   # seconds easyfit's start to the first step may trail the hand-written one's, in every run
 
 
 def command(side: str, out: Path, epochs: int, steps_per_epoch: int, warmup: int) -> list[str]:
@@ -92,12 +94,15 @@ def report(results: dict[str, list[dict]]) -> None:
         print(f"{side:10s}{values['samples_per_second']:12.1f}{values['start_to_first_step']:20.2f} s")
     ratio = median["easyfit"]["samples_per_second"] / median["hand"]["samples_per_second"]
     verdict = "meets" if ratio >= BAR else "BELOW"
-    paired = statistics.median(e["samples_per_second"] / h["samples_per_second"]
-                               for e, h in zip(results["easyfit"], results["hand"]))
-    print(f"\nthroughput easyfit / hand-written: {ratio:.3f} ({verdict} the bar of >= {BAR}); "
-          f"median of the per-run ratios: {paired:.3f}")
-    print(f"start → first step, easyfit - hand-written: "
-          f"{median['easyfit']['start_to_first_step'] - median['hand']['start_to_first_step']:+.2f} s")
+    ratios = [e["samples_per_second"] / h["samples_per_second"] for e, h in zip(results["easyfit"], results["hand"])]
+    print(f"\nthroughput easyfit / hand-written: {ratio:.3f} ({verdict} the bar of >= {BAR}); per-run ratios: "
+          f"median {statistics.median(ratios):.3f}, {min(ratios):.3f} to {max(ratios):.3f}")
+    behind = [e["start_to_first_step"] - h["start_to_first_step"] for e, h in zip(results["easyfit"],
+                                                                                  results["hand"])]
+    verdict = "within" if max(behind) <= START_BAR else "NOT within"
+    print(f"start → first step, easyfit - hand-written: median "
+          f"{median['easyfit']['start_to_first_step'] - median['hand']['start_to_first_step']:+.2f} s; per run "
+          f"{min(behind):+.2f} to {max(behind):+.2f} s ({verdict} {START_BAR} s in every run)")
 
 
 if __name__ == "__main__":

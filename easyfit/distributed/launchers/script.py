@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from typing import Any, Callable
 
 from easyfit.distributed.environments import LAUNCHED_RANK_VARIABLE, START_DIRECTORY
@@ -30,6 +31,7 @@ from easyfit.distributed.launchers.failures import (
 
 EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
 WATCH_INTERVAL = 0.1
+READY_POLL_SECONDS = 0.02   # the first call waits for the other ranks' ready files this often
 TERMINATE_GRACE_SECONDS = 3.0
 
 
@@ -62,6 +64,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def host_store(address: str, port: int, world_size: int, timeout: timedelta):
+    """The process group's rendezvous store, served from this process (rank 0). It is multi-tenant: the process
+    group's own rendezvous later finds and reuses it, and it serves while this object lives."""
+    from torch.distributed import TCPStore
+    return TCPStore(address, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                    multi_tenant=True)
+
+
 class ScriptRanks:
     """The running copies of this script (local ranks 1..N-1), started once; they live until the script ends, so
     later calls reuse them."""
@@ -84,6 +94,9 @@ class ScriptRanks:
             # started where the script was started (not where it has chdir'ed since), reading no terminal input
             self.children[local_rank] = subprocess.Popen(command, env=env, cwd=START_DIRECTORY,
                                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        # hosted before any child can look for it: a rank that finds no store yet retries after a back-off (~0.7 s)
+        self.store = host_store(environment.main_address, environment.main_port, strategy.world_size,
+                                strategy.timeout) if strategy.node_rank == 0 else None
         atexit.register(self.wait_at_exit)
         self._relay_interrupts()
 
@@ -110,7 +123,7 @@ class ScriptRanks:
                 self.stop()
                 raise RuntimeError(f"the other ranks did not reach their first fit / evaluate / predict call within "
                                    f"{timeout_seconds:.0f} s; every process must make the same calls")
-            time.sleep(WATCH_INTERVAL)
+            time.sleep(READY_POLL_SECONDS)
         self.ready = True
 
     def _ready(self, rank: int) -> bool:
