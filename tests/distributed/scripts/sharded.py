@@ -7,6 +7,8 @@ CHECKS is a comma-separated list of:
   checkpoint  a rank-0-only save after fit, a 4 + 4 epoch resume (ModelCheckpoint) and the 8 epochs straight
   memory      per-rank bytes of parameters and optimizer state on a net of a few million parameters, after a step
   bf16        precision="bf16-mixed", 10 epochs: the loss of each epoch and the weights after fit
+  overflow    precision="16-mixed", one step whose gradient overflows in rank 1's shard only: how far each
+              row of the weight moved (every rank must skip the step, as DDP does)
   resume_one  (with --devices 1) resume fsdp's 2-process sharded directory OUT_DIR/fsdp-sharded-epoch4 on one
               process with the same global batch (32), to epoch 8
 --sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
@@ -73,6 +75,17 @@ def bf16(strategy: str, devices: int) -> dict:
     return {"loss": model.history.history["loss"], "weights": model.net.state_dict()}
 
 
+def overflow(strategy: str, devices: int) -> dict:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2, bias=False)   # sharded by rows: output 1's row lies in rank 1's shard
+    before = net.weight.detach().clone()
+    x, y = torch.ones(8, 4), torch.tensor([[0.0, 3e4]]).repeat(8, 1)   # output 1's scaled gradient overflows fp16
+    model = easyfit.Model(net, "mse", "sgd", lr=1.0)   # a step would move rank 0's row by about 0.1
+    model.fit(x, y, epochs=1, batch_size=4, verbose=0, lr_scaling=None, devices=devices, accelerator="cpu",
+              strategy=strategy, precision="16-mixed")
+    return {"row_change": (net.weight.detach() - before).abs().amax(dim=1).tolist()}
+
+
 def sharded_format(strategy: str):
     """The strategy of that name, writing sharded checkpoint directories."""
     if strategy == "fsdp":
@@ -128,6 +141,8 @@ def main() -> None:
         found = results[strategy] = {}
         if "bf16" in checks:
             found["bf16"] = bf16(strategy, args.devices)
+        if "overflow" in checks:
+            found["overflow"] = overflow(strategy, args.devices)
         if strategy == "ddp":   # the baseline of the memory check
             if "memory" in checks:
                 found["memory"] = memory(strategy, args.devices)
