@@ -19,6 +19,7 @@ from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.construction import check_call, prepare_for_state
 from easyfit.first_batch import check_first_batch, check_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
@@ -219,13 +220,14 @@ class Model:
 
     def load_net_state(self, state: dict) -> None:
         """Load a full state dict into the net; inside fit through the strategy (call it on every rank)."""
-        strategy, objects = self._state_owner()
+        strategy, objects = self._state_owner(loading=True)
         strategy.load_module_state(objects.net, state)
 
-    def _state_owner(self) -> tuple[Strategy, TrainingObjects]:
+    def _state_owner(self, loading: bool = False) -> tuple[Strategy, TrainingObjects]:
         """Who reads and loads state: the strategy and its training objects inside fit; the plain objects after."""
         if self._training is not None:
             return self.strategy, self._training
+        prepare_for_state(self.net, loading)   # a net built sharded that holds no weights yet
         return PLAIN, TrainingObjects(self.net, self.optimizer, self.scheduler)
 
     @classmethod
@@ -329,7 +331,7 @@ class Model:
 
     def restore(self, state: dict, training: bool = False) -> None:
         """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
-        strategy, objects = self._state_owner()
+        strategy, objects = self._state_owner(loading=True)
         strategy.load_module_state(objects.net, state["net"])
         strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
         if objects.scheduler is not None and state.get("scheduler") is not None:
@@ -354,6 +356,7 @@ class Model:
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
                            training_memory=training_memory)
+        check_call(self.net, method, strategy.trains_built_sharded)
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]

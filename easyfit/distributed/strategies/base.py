@@ -104,8 +104,12 @@ class Strategy:
         """Called before `setup` in fit with the `TrainingSettings` (batch size, accumulation, clipping, precision),
         for backends that build their engine from them."""
 
+    #: the kind of net built sharded (construction.META, construction.ZERO3) that `setup` trains; None: none
+    trains_built_sharded: str | None = None
+
     def module_construction(self) -> contextlib.AbstractContextManager:
-        """A context in which a net is built sharded from the start (a null context here)."""
+        """A context in which a net is built sharded from the start, taking no full copy of its parameters in any
+        process (a null context here: the net is built as usual)."""
         return contextlib.nullcontext()
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):

@@ -5,6 +5,9 @@ steps the optimizer and zeroes the gradients. The user's optimizer is rebuilt ov
 the engine as its client optimizer, so no C++ optimizer op has to compile (a "optimizer" section in the user's config
 asks DeepSpeed for its own instead). Checkpoints hold the full fp32 weights and the optimizer state in the plain
 optimizer's format (gathered from every rank), or, with `state_dict_type="sharded"`, DeepSpeed's own directory.
+
+At stage 3, `module_construction()` is `deepspeed.zero.Init`: each parameter is partitioned as its module is built,
+and the engine trains the user's net itself (zero_init makes it a plain module again at the end of fit).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from typing import Any
 import torch
 
 from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
+from easyfit.distributed.strategies import zero_init
+from easyfit.distributed.strategies.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.sharding import (
     move_scheduler,
@@ -109,7 +114,8 @@ class DeepSpeedStrategy(DDPStrategy):
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
         self.name = "deepspeed"
         self.settings = None
-        self.engine = self._optimizer = self._scheduler = self._user_net = None
+        self.engine = self._optimizer = self._scheduler = self._user_net = self._eval_net = None
+        self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
         self._accumulating = False
         self._params: list[torch.nn.Parameter] = []
         self._names: list[str] = []
@@ -121,9 +127,7 @@ class DeepSpeedStrategy(DDPStrategy):
             raise ValueError("DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'")
         self.settings = settings
 
-    def config(self) -> dict:
-        """The config handed to DeepSpeed: defaults derived from fit's arguments, then the user's keys over them."""
-        settings = self.settings
+    def _zero_section(self) -> dict[str, Any]:
         zero: dict[str, Any] = {"stage": self.stage}
         zero.update({key: int(value) for key, value in self.buckets.items() if value is not None})
         pin = self.accelerator == "cuda"   # page-locked CPU memory only helps copies to a GPU
@@ -131,6 +135,11 @@ class DeepSpeedStrategy(DDPStrategy):
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
         if self.offload_parameters:
             zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        return zero
+
+    def config(self) -> dict:
+        """The config handed to DeepSpeed: defaults derived from fit's arguments, then the user's keys over them."""
+        settings, zero = self.settings, self._zero_section()
         derived = {
             "train_micro_batch_size_per_gpu": settings.batch_size,
             "gradient_accumulation_steps": settings.gradient_accumulation_steps,
@@ -147,11 +156,32 @@ class DeepSpeedStrategy(DDPStrategy):
             derived["fp16"] = {"enabled": True}
         return merge(derived, self.user_config)
 
+    def construction_config(self) -> dict:
+        """The config `zero.Init` partitions with, before any fit: the ZeRO section and the user's keys. torch's
+        linear is left as it is (DeepSpeed would replace it for the rest of the process)."""
+        derived: dict[str, Any] = {"zero_optimization": {**self._zero_section(), "memory_efficient_linear": False}}
+        if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(self.user_config):
+            derived["train_micro_batch_size_per_gpu"] = 1   # a placeholder: fit sets the real one
+        return merge(derived, self.user_config)
+
     def precision_plugin(self, current: Precision, requested) -> Precision:
         plugin = super().precision_plugin(current, requested)
         return plugin if isinstance(plugin, DeepSpeedPrecision) else DeepSpeedPrecision(plugin.name, plugin.device)
 
     # --- life -----------------------------------------------------------------------
+    @property
+    def trains_built_sharded(self) -> str | None:
+        return ZERO3 if self.stage == 3 else None
+
+    def module_construction(self) -> contextlib.AbstractContextManager:
+        """Stage 3: `deepspeed.zero.Init`, each parameter partitioned over the ranks as its module is built (the
+        ranks meet here). Stages 1 and 2 keep full parameters in every process: the net is built as usual."""
+        if self.stage != 3:
+            return contextlib.nullcontext()
+        join_ranks(self)
+        deepspeed = require("deepspeed", "deepspeed", self.name)
+        return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
+
     def setup_environment(self) -> None:
         super().setup_environment()
         # DeepSpeed reads the ranks from the variables its own launcher and torchrun set; easyfit's rank 0 has none
@@ -163,10 +193,11 @@ class DeepSpeedStrategy(DDPStrategy):
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         deepspeed = require("deepspeed", "deepspeed", self.name)
         config = self.config()
-        built_sharded = any(hasattr(p, "ds_id") for p in net.parameters())   # under module_construction()
-        if not built_sharded:
+        built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
+        if not built:
             net.to(self.root_device)
-        trained = net if built_sharded else copy.deepcopy(net)
+        trained = net if built else copy.deepcopy(net)
+        self._layout, self._eval_net = (zero_init.layout(net) if built else None), None
         names = param_names(net, optimizer)
         own = dict(trained.named_parameters())
         client = None
@@ -190,17 +221,39 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         move_scheduler(self._scheduler, user_optimizer)
-        if self.gather_at_end:
-            user_net.load_state_dict(self._full_module_state())
-            user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
+        if not self.gather_at_end:
+            return
+        full, full_optimizer = self._full_module_state(), self._full_optimizer_state(optimizer)
+        if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
+            self._release_built_net(user_net, user_optimizer, full)
+        else:
+            user_net.load_state_dict(full)
+        user_optimizer.load_state_dict(full_optimizer)
+
+    def _release_built_net(self, user_net, user_optimizer, full: dict) -> None:
+        """The engine lets go of the net built under module_construction(), which becomes a plain module holding
+        the full weights; the user's optimizer follows its new parameters."""
+        fresh = zero_init.fresh_parameters(user_net, full, self.root_device)
+        self.engine.destroy()   # its hooks off the modules
+        zero_init.make_plain(user_net, self._layout, fresh)
+        zero_init.repoint_optimizer(user_optimizer, fresh)
+        self.engine = self._eval_net = self._layout = None
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
-        evaluation batches, and a ZeRO-3 forward would wait for the others at every layer."""
-        if net is self.engine:
+        evaluation batches, and a ZeRO-3 forward would wait for the others at every layer. A net built under
+        module_construction() is the engine's own: a plain copy of it runs instead."""
+        if net is not self.engine:
+            return super().module_for_eval(net)
+        if self._layout is None:
             self._user_net.load_state_dict(self._full_module_state())
             return self._user_net
-        return super().module_for_eval(net)
+        if self._eval_net is None:
+            self._eval_net = zero_init.plain_copy(self._user_net, self._layout, self._full_module_state(),
+                                                  self.root_device)
+        else:
+            self._eval_net.load_state_dict(self._full_module_state())
+        return self._eval_net
 
     # --- the step -------------------------------------------------------------------
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:

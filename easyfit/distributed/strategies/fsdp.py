@@ -2,7 +2,8 @@
 ranks. Each parameter becomes a DTensor holding this rank's slice; the user's optimizer is rebuilt over them.
 
 The user's net is not sharded in place: a copy is, and at the end of fit the full trained weights are loaded back
-into the user's net (`hand_back`), which evaluate, predict and `model.save` then use.
+into the user's net (`hand_back`), which evaluate, predict and `model.save` then use. A net built under
+`module_construction()` is on the meta device: its copy is materialized and sharded one unit at a time (meta_init).
 """
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.distributed.strategies.construction import META, built_sharded
 from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.meta_init import (
+    check_initializable,
+    construction_rng,
+    materialize,
+    materialize_sharded,
+    on_meta_device,
+    uninitializable,
+)
 from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, without_weights
 from easyfit.precision import Precision
 
@@ -80,7 +90,7 @@ class FSDPStrategy(DDPStrategy):
         self.cpu_offload, self.state_dict_type, self.gather_at_end = cpu_offload, state_dict_type, hand_back
         self.name = "fsdp_cpu_offload" if cpu_offload else "fsdp"
         self._precision_name = "32"
-        self._scheduler = self._user_net = self._sharded = self._optimizer = None
+        self._scheduler = self._user_net = self._sharded = self._optimizer = self._eval_net = None
         self._names: list[str] = []
 
     # --- precision ------------------------------------------------------------------
@@ -101,16 +111,31 @@ class FSDPStrategy(DDPStrategy):
                                     output_dtype=torch.float32 if dtype else None)
 
     # --- life -----------------------------------------------------------------------
+    trains_built_sharded = META
+
+    def module_construction(self) -> contextlib.AbstractContextManager:
+        """Modules built in this context are on the meta device (no memory); `setup` materializes the net one shard
+        unit at a time, with the weights it would have had if built whole. It needs no ranks yet."""
+        return on_meta_device()
+
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        net.to(self.root_device)
+        on_meta = built_sharded(net) == META
+        if on_meta:
+            check_initializable(uninitializable(net))
+        else:
+            net.to(self.root_device)
         sharded = copy.deepcopy(net)
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
         if self.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
-        for unit in shard_units(sharded):
-            fully_shard(unit, **options)
-        fully_shard(sharded, **options)
+        if on_meta:   # every rank initializes from rank 0's RNG state, as the net built whole there
+            materialize_sharded(sharded, shard_units(sharded), lambda unit: fully_shard(unit, **options),
+                                self.broadcast(construction_rng(net)))
+        else:
+            for unit in shard_units(sharded):
+                fully_shard(unit, **options)
+            fully_shard(sharded, **options)
         new_params = dict(sharded.named_parameters())
         names = dict(zip(map(id, _optimizer_params(optimizer)), param_names(net, optimizer)))
         rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[names[id(p)]])
@@ -118,21 +143,32 @@ class FSDPStrategy(DDPStrategy):
             self.load_optimizer_state(rebuilt, optimizer.state_dict())
         move_scheduler(scheduler, rebuilt)
         self._scheduler, self._user_net, self._sharded, self._optimizer = scheduler, net, sharded, rebuilt
+        self._eval_net = None
         self._names = param_names(net, optimizer)
         return sharded, rebuilt, scheduler
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         move_scheduler(self._scheduler, user_optimizer)
+        self._eval_net = None
         if self.gather_at_end:
+            if built_sharded(user_net) == META:   # built under module_construction(): materialized on the CPU
+                materialize(user_net)
             user_net.load_state_dict(self._full_module_state(net))
             user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
-        evaluation batches, and a sharded forward would wait for the others at every layer."""
+        evaluation batches, and a sharded forward would wait for the others at every layer. A net built on the meta
+        device stays there until the fit hands the weights back: a materialized copy of it runs instead."""
         if isinstance(net, FSDPModule):
-            self._user_net.load_state_dict(self._full_module_state(net))
-            return self._user_net
+            if self._eval_net is None:
+                self._eval_net = self._user_net
+                if built_sharded(self._user_net) == META:
+                    self._eval_net = copy.deepcopy(self._user_net)
+                    materialize(self._eval_net)
+                    self._eval_net.to(self.root_device)
+            self._eval_net.load_state_dict(self._full_module_state(net))
+            return self._eval_net
         return super().module_for_eval(net)
 
     # --- state ----------------------------------------------------------------------

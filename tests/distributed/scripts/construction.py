@@ -1,0 +1,116 @@
+"""Nets built sharded from the start (`strategy.module_construction()`), as a real program.
+
+Usage: python construction.py OUT_DIR STRATEGY         (easyfit.launch starts the 2 ranks)
+       torchrun --nproc_per_node 2 construction.py OUT_DIR STRATEGY
+Each rank writes OUT_DIR/<rank>.pt with:
+  memory       (bytes this rank holds, full bytes) of a net of ~2M parameters right after construction
+  difference   max weight difference between the net built sharded and the same net built whole (same seed, same
+               strategy), each after the same fit with validation
+  val_loss     the validation losses of both fits
+  predictions  rank-local predictions of the trained net built sharded; rank 0 saved it to OUT_DIR/saved.pt after fit
+               and ModelCheckpoint wrote OUT_DIR/epoch<N>.pt inside it
+  scores       evaluate() after fit, on every rank
+  plain        the net built sharded is a plain module after fit: no hooks or DeepSpeed attributes, copies, pickles
+  errors       what save / evaluate say after a fit with hand_back=False
+"""
+import copy
+import os
+import pickle
+import sys
+
+import torch
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import ModelCheckpoint
+from easyfit.distributed.strategies.sharding import local_bytes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_data, make_net
+
+EPOCHS = 3
+
+
+def big_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 1024),
+                         nn.Tanh(), nn.Linear(1024, 3))
+
+
+def construction_bytes(net: nn.Module) -> tuple[int, int]:
+    """(bytes this rank holds, bytes of the full net)."""
+    held = sum(0 if p.is_meta else local_bytes([p]) for p in net.parameters())
+    full = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in net.parameters())
+    return held, full
+
+
+def fit(net, strategy, out=None, call=None, epochs=EPOCHS, **options) -> easyfit.Model:
+    x, y = make_data()
+    model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=0.01))
+    callbacks = [ModelCheckpoint(os.path.join(out, "epoch{epoch}.pt"))] if out else []
+    model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, lr_scaling=None, strategy=strategy,
+              validation_data=(x[:50], y[:50]), callbacks=callbacks, **call, **options)
+    return model
+
+
+def error_of(call) -> str:
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def main() -> None:
+    out, name = sys.argv[1], sys.argv[2]
+    external = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+    call = {} if external else {"devices": 2, "accelerator": "cpu"}
+    torch.set_num_threads(1)
+    strategy = easyfit.launch(strategy=name, **call)
+    found = {}
+    torch.manual_seed(5)
+    with strategy.module_construction():
+        big = big_net()
+    found["memory"] = construction_bytes(big)
+    del big
+
+    whole = fit(make_net(), strategy, call=call)   # make_net seeds the RNG itself
+    with strategy.module_construction():
+        net = make_net()
+    model = fit(net, name, out=out, call=call)   # by name: a new strategy object of that kind trains it
+    found["difference"] = max((net.state_dict()[key] - value).abs().max().item()
+                              for key, value in whole.net.state_dict().items())
+    found["val_loss"] = (whole.history.history["val_loss"], model.history.history["val_loss"])
+    x, y = make_data()
+    if model.is_global_zero:   # after fit the full weights are in this process: rank 0 may save alone
+        model.save(os.path.join(out, "saved.pt"))
+    found["predictions"] = model.predict(x, devices=1, strategy="single")
+    found["scores"] = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    found["plain"] = is_plain(net)
+
+    kept = easyfit.launch(strategy=type(strategy)(**options_of(strategy), hand_back=False), **call)
+    with kept.module_construction():
+        sharded_net = make_net()
+    unreturned = fit(sharded_net, kept, call=call, epochs=1)
+    found["errors"] = {"save": error_of(lambda: unreturned.save(os.path.join(out, "never.pt"))),
+                       "evaluate": error_of(lambda: unreturned.evaluate(x, y, verbose=0))}
+    torch.save(found, os.path.join(out, f"{strategy.global_rank}.pt"))
+
+
+def is_plain(net: nn.Module) -> bool:
+    hooks = [hook for module in net.modules() for name, value in vars(module).items() if "hooks" in name
+             and isinstance(value, dict) for hook in value]
+    attributes = [name for item in (*net.modules(), *net.parameters()) for name in vars(item) if "ds_" in name]
+    pickle.loads(pickle.dumps(copy.deepcopy(net)))
+    return not hooks and not attributes and all(type(m._parameters) is dict for m in net.modules())
+
+
+def options_of(strategy) -> dict:
+    """The options that make another strategy object of the same kind."""
+    if hasattr(strategy, "stage"):
+        return {"stage": strategy.stage, "offload_optimizer": strategy.offload_optimizer,
+                "offload_parameters": strategy.offload_parameters}
+    return {"cpu_offload": strategy.cpu_offload}
+
+
+if __name__ == "__main__":
+    main()
