@@ -11,7 +11,8 @@ def launch(devices="auto", accelerator: str = "auto", strategy="ddp", num_nodes:
 
     The other ranks then import and load their data while this one does (the time to the first step comes close to
     torchrun's), and every rank knows its identity from here on (`model.global_rank`, `model.world_size`, e.g. to
-    build a sampler or shard a data set by rank). The ranks meet in the process group at the first call. Later
+    build a sampler or shard a data set by rank). The ranks meet in the process group at the first call (or in
+    `strategy.module_construction()`, where a DeepSpeed stage 3 strategy partitions a net as it is built). Later
     calls use these ranks: call it with the devices and num_nodes your fit calls use. Under torchrun, SLURM or
     mpirun the launcher has started the ranks already, and this only reads who this process is. Returns the
     strategy, whose `global_rank` and `world_size` say who this process is.
