@@ -19,6 +19,7 @@ from easyfit.distributed.strategies.meta_init import (
     construction_rng,
     initialize,
     materialize,
+    materialize_sharded,
     on_meta_device,
     post_order,
 )
@@ -51,6 +52,13 @@ def check(tmp_path, strategy: str, ranks: list[dict], held_ratio: float) -> None
         assert found["plain"], "after fit the net built sharded is not a plain module"
         for action in ("save", "evaluate"):   # hand_back=False: the net got no weights
             assert NO_WEIGHTS in found["errors"][action] and "hand_back=True" in found["errors"][action]
+        if "refit" in found["errors"]:
+            assert "still the module of the DeepSpeed engine" in found["errors"]["refit"]
+            print(f"bf16-mixed, built in fp32 vs built whole: max difference {found['bf16_difference']:.1e}")
+            assert found["bf16_difference"] <= 1e-6
+            print(f"another fit after the hand-back: first loss {found['refit_loss']:.3f} "
+                  f"(from the initial weights: {found['fresh_loss']:.3f})")
+            assert found["refit_loss"] < 0.8 * found["fresh_loss"], "the net handed back does not train on"
     restored = easyfit.Model.load(tmp_path / "saved.pt", net=make_net())   # one process, a plain net
     torch.testing.assert_close(restored.predict(x), ranks[0]["predictions"], rtol=0, atol=0)
     torch.testing.assert_close(ranks[1]["predictions"], ranks[0]["predictions"], rtol=0, atol=0)
@@ -124,6 +132,25 @@ def test_materialized_on_the_cpu_the_net_equals_the_net_built_whole_and_keeps_it
         initialize(post_order(net))
     assert all(a is b for a, b in zip(before, net.parameters()))
     torch.testing.assert_close(net.state_dict(), whole.state_dict(), rtol=0, atol=0)
+
+
+def test_the_net_is_materialized_one_shard_unit_at_a_time():
+    """The full bytes the net holds while it is materialized never exceed one unit's (here, shard = freeing)."""
+    with on_meta_device():
+        net = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
+    units = [net[0], net[2], net[4]]
+    held = []
+
+    def shard(unit: nn.Module) -> None:
+        held.append(sum(p.numel() * p.element_size() for p in net.parameters() if not p.is_meta))
+        unit.to("meta")   # what sharding does to the full tensors: this rank keeps only a slice
+
+    materialize_sharded(net, units, shard, torch.get_rng_state())
+    largest = max(sum(p.numel() * p.element_size() for p in unit.parameters()) for unit in units)
+    total = sum(p.numel() * p.element_size() for p in net.parameters())
+    print(f"full bytes held while materializing: at most {max(held)} of {total} (largest unit {largest})")
+    assert held[:3] == [64 * 256 * 4 + 256 * 4, 256 * 256 * 4 + 256 * 4, 256 * 8 * 4 + 8 * 4]
+    assert max(held) == largest
 
 
 def test_a_meta_net_fits_only_under_fsdp_and_loads_a_saved_state(tmp_path):

@@ -36,6 +36,12 @@ def check_call(net: torch.nn.Module, method: str, trains: str | None) -> None:
     """Before a fit / evaluate / predict call: a net built sharded is trained only by a strategy that trains its kind
     (`trains`, the strategy's `trains_built_sharded`), and evaluated or predicted only once it holds its weights."""
     kind = built_sharded(net)
+    if kind == ZERO3 and method == FIT:
+        from easyfit.distributed.strategies.zero_init import held_by_engine
+        if held_by_engine(net):
+            raise ValueError("this net is still the module of the DeepSpeed engine of an earlier fit with "
+                             "hand_back=False, which keeps it partitioned; it cannot be trained again. Build it "
+                             "again, or fit with hand_back=True (the default), which makes it a plain module.")
     if kind is None or (method == FIT and kind == trains):
         return
     if method == FIT:

@@ -200,6 +200,10 @@ class DeepSpeedStrategy(DDPStrategy):
         self._layout, self._eval_net = (zero_init.layout(net) if built else None), None
         names = param_names(net, optimizer)
         own = dict(trained.named_parameters())
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
+        low = next((dtype[key] for key in dtype if config.get(key, {}).get("enabled")), None)
+        if built and low is not None:   # built in fp32: its partitions take the dtype the engine computes in
+            zero_init.cast_partitions(net, low)
         client = None
         if "optimizer" not in config:   # otherwise DeepSpeed builds the optimizer the config names
             by_id = dict(zip(map(id, _optimizer_params(optimizer)), names))
@@ -207,8 +211,6 @@ class DeepSpeedStrategy(DDPStrategy):
         engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=client, config=config,
                                                dist_init_required=False)
         stepping = client if client is not None else engine.basic_optimizer
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
-        low = next((dtype[key] for key in dtype if config.get(key, {}).get("enabled")), None)
         if low is not None:
             cast_inputs(engine.module, low)
         self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net

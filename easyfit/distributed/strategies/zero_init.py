@@ -12,6 +12,11 @@ import torch
 Layout = dict[int, tuple[set[str], dict[str, set]]]
 
 
+def held_by_engine(net: torch.nn.Module) -> bool:
+    """The net is still the module of a DeepSpeed engine (a fit with hand_back=False did not release it)."""
+    return any(hasattr(module, "_original_parameters") for module in net.modules())
+
+
 def _hook_dicts(module: torch.nn.Module) -> dict[str, dict]:
     return {name: value for name, value in vars(module).items() if "hooks" in name and isinstance(value, dict)}
 
@@ -60,6 +65,15 @@ def plain_copy(net: torch.nn.Module, saved: Layout, full: dict, device: torch.de
         for module, attributes in originals.values():
             vars(module).clear()
             vars(module).update(attributes)
+
+
+def cast_partitions(net: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Each floating parameter's partition (and its empty placeholder) in `dtype`, as the engine casts a net it
+    partitions itself."""
+    for param in net.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+            param.ds_tensor.data = param.ds_tensor.data.to(dtype)
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, fresh: dict[int, torch.nn.Parameter]) -> None:

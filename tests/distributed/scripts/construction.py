@@ -11,7 +11,10 @@ Each rank writes OUT_DIR/<rank>.pt with:
                and ModelCheckpoint wrote OUT_DIR/epoch<N>.pt inside it
   scores       evaluate() after fit, on every rank
   plain        the net built sharded is a plain module after fit: no hooks or DeepSpeed attributes, copies, pickles
-  errors       what save / evaluate say after a fit with hand_back=False
+  errors       what save / evaluate (DeepSpeed: and another fit) say after a fit with hand_back=False
+  bf16_difference  (DeepSpeed) the same parity under precision="bf16-mixed", the net built in fp32
+  refit_loss   (DeepSpeed) the first loss of another fit of that net after it was handed back (fresh_loss: the
+               first loss of the net built whole, from its initial weights)
 """
 import copy
 import os
@@ -80,6 +83,7 @@ def main() -> None:
     found["difference"] = max((net.state_dict()[key] - value).abs().max().item()
                               for key, value in whole.net.state_dict().items())
     found["val_loss"] = (whole.history.history["val_loss"], model.history.history["val_loss"])
+    found["fresh_loss"] = whole.history.history["loss"][0]
     x, y = make_data()
     if model.is_global_zero:   # after fit the full weights are in this process: rank 0 may save alone
         model.save(os.path.join(out, "saved.pt"))
@@ -93,6 +97,15 @@ def main() -> None:
     unreturned = fit(sharded_net, kept, call=call, epochs=1)
     found["errors"] = {"save": error_of(lambda: unreturned.save(os.path.join(out, "never.pt"))),
                        "evaluate": error_of(lambda: unreturned.evaluate(x, y, verbose=0))}
+    if hasattr(strategy, "stage"):   # DeepSpeed: the engine still holds the net; and bf16-mixed, built in fp32
+        found["errors"]["refit"] = error_of(lambda: fit(sharded_net, kept, call=call, epochs=1))
+        whole = fit(make_net(), strategy, call=call, precision="bf16-mixed")
+        with strategy.module_construction():
+            net = make_net()
+        fit(net, strategy, call=call, precision="bf16-mixed")
+        found["bf16_difference"] = max((net.state_dict()[key] - value).abs().max().item()
+                                       for key, value in whole.net.state_dict().items())
+        found["refit_loss"] = fit(net, strategy, call=call, epochs=1).history.history["loss"][0]   # plain again
     torch.save(found, os.path.join(out, f"{strategy.global_rank}.pt"))
 
 
