@@ -15,6 +15,7 @@ from runner import SCRIPTS, make_data, make_net
 from torch import nn
 
 import easyfit
+from easyfit.distributed.environments import LocalEnvironment
 from easyfit.distributed.strategies.meta_init import (
     construction_rng,
     initialize,
@@ -98,7 +99,8 @@ class Scale(nn.Module):
         return x * self.factor
 
 
-def test_a_strategy_that_does_not_know_its_ranks_says_to_launch_them_first():
+def test_a_strategy_that_does_not_know_its_ranks_says_to_launch_them_first(monkeypatch):
+    monkeypatch.setattr("easyfit.distributed.environments.detect_environment", LocalEnvironment)   # no launcher
     with pytest.raises(ValueError, match=r"does not know its ranks yet.*easyfit.launch\(strategy=.*torchrun"):
         easyfit.strategies.DeepSpeed(stage=3).module_construction()
 
@@ -119,12 +121,18 @@ def test_a_module_without_reset_parameters_is_named_at_construction_and_at_mater
         materialize(net)
 
 
+def ordinary_net() -> nn.Module:
+    return nn.Sequential(nn.Embedding(10, 8), nn.TransformerEncoderLayer(8, 2, dim_feedforward=16), nn.Linear(8, 8),
+                         nn.ReLU(), nn.LayerNorm(8), nn.Conv1d(8, 3, 1), nn.BatchNorm1d(3))
+
+
 def test_materialized_on_the_cpu_the_net_equals_the_net_built_whole_and_keeps_its_parameter_objects():
+    """Ordinary layers, attention (its _reset_parameters) included: the same draws in the same order."""
     torch.manual_seed(3)
-    whole = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 3), nn.BatchNorm1d(3))
+    whole = ordinary_net()
     with on_meta_device():
         torch.manual_seed(3)   # a seed set inside the context counts
-        net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 3), nn.BatchNorm1d(3))
+        net = ordinary_net()
     assert all(p.is_meta for p in net.parameters())
     before = list(net.parameters())
     with torch.random.fork_rng(devices=[]):

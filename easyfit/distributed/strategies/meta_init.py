@@ -1,8 +1,9 @@
 """Nets built on the meta device (FSDP2's `module_construction()`): no memory until `setup`, which materializes one
 shard unit at a time under the RNG state the construction started from, so the weights equal the net built whole.
 
-Every module that holds parameters or buffers itself must have `reset_parameters()` that sets them: it is called
-children first, in registration order, which is the order a net built the usual way initializes them.
+Every module that holds parameters or buffers itself must have `reset_parameters()` (or, as torch's
+MultiheadAttention, `_reset_parameters()`) that sets them: it is called children first, in registration order, which
+is the order a net built the usual way initializes them.
 """
 from __future__ import annotations
 
@@ -36,10 +37,17 @@ def owns_state(module: torch.nn.Module) -> bool:
     return any(True for _ in chain(module.parameters(recurse=False), module.buffers(recurse=False)))
 
 
+def initializer(module: torch.nn.Module):
+    """The module's method that sets its own parameters and buffers, or None."""
+    return next((method for method in (getattr(module, name, None) for name in ("reset_parameters",
+                                                                              "_reset_parameters"))
+                 if callable(method)), None)
+
+
 def uninitializable(net: torch.nn.Module) -> list[str]:
     """'name (Class)' of each module that holds parameters or buffers itself but has no reset_parameters()."""
     return [f"{name or 'the net'} ({type(module).__name__})" for name, module in net.named_modules()
-            if owns_state(module) and not callable(getattr(module, "reset_parameters", None))]
+            if owns_state(module) and initializer(module) is None]
 
 
 def check_initializable(modules: list[str]) -> None:
@@ -69,7 +77,7 @@ def on_meta_device() -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-    check_initializable([f"{type(m).__name__}" for m in built if not callable(getattr(m, "reset_parameters", None))])
+    check_initializable([type(module).__name__ for module in built if initializer(module) is None])
 
 
 def construction_rng(net: torch.nn.Module) -> torch.Tensor:
@@ -103,7 +111,7 @@ def initialize(modules: Iterator[torch.nn.Module]) -> list[torch.nn.Module]:
         for module in modules:
             module.to_empty(device="cpu", recurse=False)
             if owns_state(module):
-                module.reset_parameters()
+                initializer(module)()
             done.append(module)
     return done
 
