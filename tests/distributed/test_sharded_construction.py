@@ -142,6 +142,15 @@ def test_materialized_on_the_cpu_the_net_equals_the_net_built_whole_and_keeps_it
     torch.testing.assert_close(net.state_dict(), whole.state_dict(), rtol=0, atol=0)
 
 
+def test_modules_built_outside_the_context_keep_their_values():
+    trained = nn.Linear(6, 8)
+    with on_meta_device():
+        net = nn.Sequential(trained, nn.Tanh(), nn.Linear(8, 3))
+    kept = trained.weight.detach().clone()
+    materialize(net)
+    assert torch.equal(net[0].weight, kept) and not net[2].weight.is_meta
+
+
 def test_the_net_is_materialized_one_shard_unit_at_a_time():
     """The full bytes the net holds while it is materialized never exceed one unit's (here, shard = freeing)."""
     with on_meta_device():

@@ -33,8 +33,9 @@ class ConstructionRng:
             self.state = torch.get_rng_state()
 
 
-def owns_state(module: torch.nn.Module) -> bool:
-    return any(True for _ in chain(module.parameters(recurse=False), module.buffers(recurse=False)))
+def on_meta(module: torch.nn.Module) -> bool:
+    """The module holds parameters or buffers itself that are on the meta device (others are left as they are)."""
+    return any(t.is_meta for t in chain(module.parameters(recurse=False), module.buffers(recurse=False)))
 
 
 def initializer(module: torch.nn.Module):
@@ -45,9 +46,9 @@ def initializer(module: torch.nn.Module):
 
 
 def uninitializable(net: torch.nn.Module) -> list[str]:
-    """'name (Class)' of each module that holds parameters or buffers itself but has no reset_parameters()."""
+    """'name (Class)' of each module that holds meta parameters or buffers itself but has no reset_parameters()."""
     return [f"{name or 'the net'} ({type(module).__name__})" for name, module in net.named_modules()
-            if owns_state(module) and initializer(module) is None]
+            if on_meta(module) and initializer(module) is None]
 
 
 def check_initializable(modules: list[str]) -> None:
@@ -105,12 +106,13 @@ def keeping_parameters() -> Iterator[None]:
 
 
 def initialize(modules: Iterator[torch.nn.Module]) -> list[torch.nn.Module]:
-    """Give each module's own parameters and buffers CPU memory and their initial values; returns the modules."""
+    """Give each module's own meta parameters and buffers CPU memory and their initial values; returns the
+    modules."""
     done = []
     with keeping_parameters():
         for module in modules:
-            module.to_empty(device="cpu", recurse=False)
-            if owns_state(module):
+            if on_meta(module):
+                module.to_empty(device="cpu", recurse=False)
                 initializer(module)()
             done.append(module)
     return done
