@@ -223,6 +223,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         move_scheduler(self._scheduler, user_optimizer)
+        self._eval_net = None   # validation's copy
         if not self.gather_at_end:
             return
         full, full_optimizer = self._full_module_state(), self._full_optimizer_state(optimizer)
@@ -239,7 +240,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.engine.destroy()   # its hooks off the modules
         zero_init.make_plain(user_net, self._layout, fresh)
         zero_init.repoint_optimizer(user_optimizer, fresh)
-        self.engine = self._eval_net = self._layout = None
+        self.engine = self._layout = None
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
