@@ -431,3 +431,27 @@ def batch_length(batch: Any) -> int:
         else:
             return 1
     return batch.shape[0] if batch.dim() else 1
+
+
+def peek_first_batch(batches) -> Any:
+    """The first batch of in-memory data, a map-style dataset or a list of batches, on the device; else None
+    (a generator or stream is not read ahead)."""
+    if isinstance(batches, TensorBatches):
+        batch = tuple(t[:batches.batch_size] for t in batches.tensors)
+        return move_to_device((batch,) if batches.inputs_only else batch, batches.device)
+    if not isinstance(batches, LoaderBatches):
+        return None
+    loader = batches.loader
+    if isinstance(loader, (list, tuple)) and loader:
+        return move_to_device(loader[0], batches.device)
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    dataset = loader.dataset
+    try:
+        with torch.random.fork_rng(devices=[]):   # a dataset's random transforms draw from a copy of the RNG
+            if loader.batch_sampler is None:   # no automatic batching: each item is a batch
+                return move_to_device(loader.collate_fn(dataset[0]), batches.device)
+            samples = [dataset[i] for i in range(min(loader.batch_size or 1, len(dataset)))]
+    except (IndexError, KeyError, TypeError, ValueError):   # a dataset not indexed 0..len-1: the loop will tell
+        return None
+    return move_to_device(loader.collate_fn(samples), batches.device) if samples else None

@@ -15,20 +15,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
-from easyfit.data import (
-    LoaderBatches,
-    PredictInputs,
-    TensorBatches,
-    batch_length,
-    move_to_device,
-    split_batch,
-)
+from easyfit.data import PredictInputs, TensorBatches, batch_length, peek_first_batch, split_batch
 from easyfit.loop import _eval_mode, call_net
 from easyfit.losses import CLASS_INDEX_LOSSES, check_class_range, check_targets
 
@@ -48,7 +40,7 @@ def check_first_batch(model, net: nn.Module, batches, source: str, training: boo
     net, precision = model.strategy.module_for_eval(net), model.precision
     if isinstance(batches, TensorBatches):
         _conform_floats(batches, _float_dtype(net))
-    batch = _peek(batches)
+    batch = peek_first_batch(batches)
     if batch is None:
         return
     norms: list[tuple[str, nn.Module, torch.Size]] = []
@@ -93,31 +85,6 @@ def _integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:
     return True
 
 
-# --- the first batch ------------------------------------------------------------------------
-def _peek(batches) -> Any:
-    """The first batch of in-memory data, a map-style dataset or a list of batches, on the device; else None
-    (a generator or stream is not read ahead)."""
-    if isinstance(batches, TensorBatches):
-        batch = tuple(t[:batches.batch_size] for t in batches.tensors)
-        return move_to_device((batch,) if batches.inputs_only else batch, batches.device)
-    if not isinstance(batches, LoaderBatches):
-        return None
-    loader = batches.loader
-    if isinstance(loader, (list, tuple)) and loader:
-        return move_to_device(loader[0], batches.device)
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return None
-    dataset = loader.dataset
-    try:
-        with torch.random.fork_rng(devices=[]):   # a dataset's random transforms draw from a copy of the RNG
-            if loader.batch_sampler is None:   # no automatic batching: each item is a batch
-                return move_to_device(loader.collate_fn(dataset[0]), batches.device)
-            samples = [dataset[i] for i in range(min(loader.batch_size or 1, len(dataset)))]
-    except (IndexError, KeyError, TypeError, ValueError):   # a dataset not indexed 0..len-1: the loop will tell
-        return None
-    return move_to_device(loader.collate_fn(samples), batches.device) if samples else None
-
-
 def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to_inputs):
     """The net's output on `batch`; in-memory integer inputs become floats when only floats run."""
     try:
@@ -125,7 +92,7 @@ def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to
     except (RuntimeError, TypeError) as error:
         if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _float_dtype(net))):
             raise _explain(error, net, to_inputs(batch), source) from error
-    batch = _peek(batches)
+    batch = peek_first_batch(batches)
     try:
         return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:

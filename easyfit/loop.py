@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import PredictInputs, batch_count, batch_length, split_batch
+from easyfit.data import PredictInputs, batch_count, batch_length, peek_first_batch, split_batch
+from easyfit.lockstep import in_lockstep
 from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
@@ -123,12 +124,14 @@ class Loop:
         self.loss_fn = model.loss_fn
         self.targets_checked = False
         self.batches_checked = False
+        self.train_batches = None
         self.optimizer_steps = 0
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
             validation_freq: int = 1) -> None:
         callbacks, model = self.callbacks, self.model
+        self.train_batches = train_batches
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
@@ -275,7 +278,11 @@ class Loop:
         tracker = LossTracker()
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
-            for step, batch in enumerate(batches):
+            for step, (batch, counted) in enumerate(self._eval_batches(net, batches)):
+                if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
+                    with precision.autocast():
+                        call_net(net, split_batch(precision.convert_input(batch))[0])
+                    continue
                 if batch_begin:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
@@ -293,6 +300,12 @@ class Loop:
             logs = self._epoch_logs(tracker)
             callbacks.call("on_test_end", logs)
         return logs
+
+    def _eval_batches(self, net: torch.nn.Module, batches):
+        """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.lockstep)."""
+        if not self.strategy.forward_in_lockstep(self.net):
+            return ((batch, True) for batch in batches)
+        return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
 
     @torch.no_grad()
     def predict(self, batches) -> list:

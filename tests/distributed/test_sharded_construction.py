@@ -53,6 +53,13 @@ def check(tmp_path, strategy: str, ranks: list[dict], held_ratio: float) -> None
         assert found["plain"], "after fit the net built sharded is not a plain module"
         for action in ("save", "evaluate"):   # hand_back=False: the net got no weights
             assert NO_WEIGHTS in found["errors"][action] and "hand_back=True" in found["errors"][action]
+        if "lockstep" in found:   # hand_back=False: validation ran the sharded net in step, nothing gathered
+            print(f"rank {rank}, hand_back=False with uneven validation shares: gathered "
+                  f"{found['lockstep']['gathers']} times")
+            assert found["lockstep"]["gathers"] == 0
+            for size in (5, 1):
+                losses = found["lockstep"]["val_loss"]
+                assert losses["kept", size] == pytest.approx(losses["handed_back", size], abs=1e-6)
         if "refit" in found["errors"]:
             assert "still the module of the DeepSpeed engine" in found["errors"]["refit"]
             print(f"bf16-mixed, built in fp32 vs built whole: max difference {found['bf16_difference']:.1e}")

@@ -128,6 +128,11 @@ class Strategy:
         """The module evaluate / predict run, on this process's device."""
         return unwrap(net).to(self.root_device)
 
+    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
+        """True when `module_for_eval(net)` of this training net is sharded, so its forward is a collective: the
+        loop then makes every rank run as many evaluation forwards as the rank with the most batches."""
+        return False
+
     def teardown(self) -> None:
         """Release what `setup_environment` created."""
 

@@ -156,10 +156,18 @@ class FSDPStrategy(DDPStrategy):
             user_net.load_state_dict(self._full_module_state(net))
             user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
 
+    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
+        """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
+        validation run the sharded net, every rank in step."""
+        return isinstance(net, FSDPModule) and not self.gather_at_end
+
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
         evaluation batches, and a sharded forward would wait for the others at every layer. A net built on the meta
-        device stays there until the fit hands the weights back: a materialized copy of it runs instead."""
+        device stays there until the fit hands the weights back: a materialized copy of it runs instead. With
+        hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
+        if self.forward_in_lockstep(net):
+            return net
         if isinstance(net, FSDPModule):
             if self._eval_net is None:
                 self._eval_net = self._user_net

@@ -12,6 +12,9 @@ Each rank writes OUT_DIR/<rank>.pt with:
   scores       evaluate() after fit, on every rank
   plain        the net built sharded is a plain module after fit: no hooks or DeepSpeed attributes, copies, pickles
   errors       what save / evaluate (DeepSpeed: and another fit) say after a fit with hand_back=False
+  lockstep     (FSDP) with hand_back=False, fits whose validation shares are uneven (5 samples: 2 batches and 1; 1
+               sample: 1 batch and none): how many times anything was gathered, and the validation losses beside
+               those of the same fits with hand_back=True
   bf16_difference  (DeepSpeed) the same parity under precision="bf16-mixed", the net built in fp32
   refit_loss   (DeepSpeed) the first loss of another fit of that net after it was handed back (fresh_loss: the
                first loss of the net built whole, from its initial weights)
@@ -50,8 +53,9 @@ def fit(net, strategy, out=None, call=None, epochs=EPOCHS, **options) -> easyfit
     x, y = make_data()
     model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=0.01))
     callbacks = [ModelCheckpoint(os.path.join(out, "epoch{epoch}.pt"))] if out else []
+    options = {"validation_data": (x[:50], y[:50]), **options}
     model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, lr_scaling=None, strategy=strategy,
-              validation_data=(x[:50], y[:50]), callbacks=callbacks, **call, **options)
+              callbacks=callbacks, **call, **options)
     return model
 
 
@@ -97,6 +101,8 @@ def main() -> None:
     unreturned = fit(sharded_net, kept, call=call, epochs=1)
     found["errors"] = {"save": error_of(lambda: unreturned.save(os.path.join(out, "never.pt"))),
                        "evaluate": error_of(lambda: unreturned.evaluate(x, y, verbose=0))}
+    if not hasattr(strategy, "stage"):
+        found["lockstep"] = lockstep(strategy, call)
     if hasattr(strategy, "stage"):   # DeepSpeed: the engine still holds the net; and bf16-mixed, built in fp32
         found["errors"]["refit"] = error_of(lambda: fit(sharded_net, kept, call=call, epochs=1))
         whole = fit(make_net(), strategy, call=call, precision="bf16-mixed")
@@ -107,6 +113,21 @@ def main() -> None:
                                        for key, value in whole.net.state_dict().items())
         found["refit_loss"] = fit(net, strategy, call=call, epochs=1).history.history["loss"][0]   # plain again
     torch.save(found, os.path.join(out, f"{strategy.global_rank}.pt"))
+
+
+def lockstep(strategy, call) -> dict:
+    gathered = []
+    kept = easyfit.launch(strategy=type(strategy)(**options_of(strategy), hand_back=False), **call)
+    full_state = kept._full_module_state
+    kept._full_module_state = lambda net: gathered.append(net) or full_state(net)
+    x, y = make_data()
+    losses = {}
+    for size in (5, 1):
+        for name, trained_by in (("kept", kept), ("handed_back", strategy.name)):
+            model = fit(make_net(), trained_by, call=call, epochs=2, validation_data=(x[:size], y[:size]),
+                        validation_batch_size=2)
+            losses[name, size] = model.history.history["val_loss"]
+    return {"gathers": len(gathered), "val_loss": losses}
 
 
 def is_plain(net: nn.Module) -> bool:
