@@ -39,7 +39,7 @@ def check_first_batch(model, net: nn.Module, batches, source: str, training: boo
     """Conform in-memory data to the net, run its first batch, and explain what would fail in the loop."""
     net, precision = model.strategy.module_for_eval(net), model.precision
     if isinstance(batches, TensorBatches):
-        _conform_floats(batches, _float_dtype(net))
+        _conform_floats(batches, _data_dtype(net, precision))
     batch = peek_first_batch(batches)
     if batch is None:
         return
@@ -66,6 +66,11 @@ def _float_dtype(net: nn.Module) -> torch.dtype:
     return next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.get_default_dtype())
 
 
+def _data_dtype(net: nn.Module, precision) -> torch.dtype:
+    """The dtype in-memory float data is conformed to: the net's, unless the backend casts the inputs itself."""
+    return torch.float32 if precision.casts_inputs else _float_dtype(net)
+
+
 def _conform_floats(batches: TensorBatches, dtype: torch.dtype) -> None:
     batches.tensors = tuple(t.to(dtype) if t.is_floating_point() else t for t in batches.tensors)
 
@@ -90,7 +95,7 @@ def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to
     try:
         return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:
-        if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _float_dtype(net))):
+        if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _data_dtype(net, precision))):
             raise _explain(error, net, to_inputs(batch), source) from error
     batch = peek_first_batch(batches)
     try:

@@ -25,6 +25,9 @@ def parse_precision(precision: Any) -> str:
 class Precision:
     """What a precision setting changes in the step: input dtype, autocast, and loss scaling."""
 
+    #: the backend casts the net's floating inputs to the dtype it holds the net in: in-memory data stays float32
+    casts_inputs = False
+
     def __init__(self, precision: Any = "32", device: torch.device | None = None):
         self.name = parse_precision(precision)
         self.device = device = device or torch.device("cpu")

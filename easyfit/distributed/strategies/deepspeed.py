@@ -43,6 +43,8 @@ class DeepSpeedPrecision(Precision):
     the optimizer) and casts its floating inputs to that dtype (`cast_inputs`); there is no autocast. Batches stay
     fp32, so the fp32 net that validation and the first-batch check run takes them as they are."""
 
+    casts_inputs = True
+
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
@@ -242,10 +244,18 @@ class DeepSpeedStrategy(DDPStrategy):
         zero_init.repoint_optimizer(user_optimizer, fresh)
         self.engine = self._layout = None
 
+    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
+        """Stage 3 with hand_back=False (a net too big to gather): nothing is ever gathered, the first-batch check
+        and validation run the engine, every rank in step."""
+        return net is self.engine and self.stage == 3 and not self.gather_at_end
+
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
         evaluation batches, and a ZeRO-3 forward would wait for the others at every layer. A net built under
-        module_construction() is the engine's own: a plain copy of it runs instead."""
+        module_construction() is the engine's own: a plain copy of it runs instead. Stage 3 with hand_back=False
+        runs the engine itself (`forward_in_lockstep`)."""
+        if self.forward_in_lockstep(net):
+            return net
         if net is not self.engine:
             return super().module_for_eval(net)
         if self._layout is None:

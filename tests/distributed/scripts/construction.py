@@ -12,7 +12,7 @@ Each rank writes OUT_DIR/<rank>.pt with:
   scores       evaluate() after fit, on every rank
   plain        the net built sharded is a plain module after fit: no hooks or DeepSpeed attributes, copies, pickles
   errors       what save / evaluate (DeepSpeed: and another fit) say after a fit with hand_back=False
-  lockstep     (FSDP) with hand_back=False, fits whose validation shares are uneven (5 samples: 2 batches and 1; 1
+  lockstep     with hand_back=False, fits whose validation shares are uneven (5 samples: 2 batches and 1; 1
                sample: 1 batch and none): how many times anything was gathered, and the validation losses beside
                those of the same fits with hand_back=True
   bf16_difference  (DeepSpeed) the same parity under precision="bf16-mixed", the net built in fp32
@@ -101,8 +101,7 @@ def main() -> None:
     unreturned = fit(sharded_net, kept, call=call, epochs=1)
     found["errors"] = {"save": error_of(lambda: unreturned.save(os.path.join(out, "never.pt"))),
                        "evaluate": error_of(lambda: unreturned.evaluate(x, y, verbose=0))}
-    if not hasattr(strategy, "stage"):
-        found["lockstep"] = lockstep(strategy, call)
+    found["lockstep"] = lockstep(strategy, call)
     if hasattr(strategy, "stage"):   # DeepSpeed: the engine still holds the net; and bf16-mixed, built in fp32
         found["errors"]["refit"] = error_of(lambda: fit(sharded_net, kept, call=call, epochs=1))
         whole = fit(make_net(), strategy, call=call, precision="bf16-mixed")
@@ -119,11 +118,11 @@ def lockstep(strategy, call) -> dict:
     gathered = []
     kept = easyfit.launch(strategy=type(strategy)(**options_of(strategy), hand_back=False), **call)
     full_state = kept._full_module_state
-    kept._full_module_state = lambda net: gathered.append(net) or full_state(net)
+    kept._full_module_state = lambda *net: gathered.append(net) or full_state(*net)
     x, y = make_data()
     losses = {}
     for size in (5, 1):
-        for name, trained_by in (("kept", kept), ("handed_back", strategy.name)):
+        for name, trained_by in (("kept", kept), ("handed_back", type(strategy)(**options_of(strategy)))):
             model = fit(make_net(), trained_by, call=call, epochs=2, validation_data=(x[:size], y[:size]),
                         validation_batch_size=2)
             losses[name, size] = model.history.history["val_loss"]
