@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -32,71 +31,21 @@ from easyfit.lr_scaling import (
 )
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
+from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
 from easyfit.precision import Precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
 from easyfit.validation import (
     callback_list,
-    check_fit_arguments,
     check_model_arguments,
     check_positive_int,
-    check_positive_number,
     check_verbose,
-    closest_name,
 )
 from easyfit.weights import validation_weight, weigh_batches
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
-
-
-@dataclass
-class RunOptions:
-    """Where and how a fit / evaluate / predict call runs (accepted by all three)."""
-    devices: Any = "auto"
-    accelerator: str = "auto"
-    strategy: Any = "auto"
-    num_nodes: int = 1
-    process_group_backend: str | None = None
-    precision: Any = None   # None: as in the previous call ("32" at first)
-    num_workers: int = 0
-    replace_sampler: bool = True
-
-
-@dataclass
-class FitOptions:
-    epochs: int = 1
-    batch_size: int = 32
-    validation_data: Any = None
-    validation_split: float = 0.0
-    validation_batch_size: int | None = None
-    validation_freq: int = 1
-    shuffle: bool = True
-    seed: int = 0
-    verbose: int | str = "auto"
-    callbacks: list = field(default_factory=list)
-    initial_epoch: int = 0
-    resume_from: str | None = None
-    gradient_accumulation_steps: int = 1
-    gradient_clip_val: float | None = None
-    lr_scaling: str | None = "linear"
-    lr_warmup_epochs: int = 0
-    sample_weight: Any = None
-    class_weight: dict | None = None
-    steps_per_epoch: int | None = None
-    validation_steps: int | None = None
-
-
-def _split_options(kwargs: dict, *option_types) -> list:
-    """Build each options dataclass from the keyword arguments it knows; reject the rest by name."""
-    known = {f.name for option_type in option_types for f in fields(option_type)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
-                        f"Valid ones: {', '.join(sorted(known))}.")
-    return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
-            for option_type in option_types]
 
 
 class Model:
@@ -158,19 +107,8 @@ class Model:
 
         `epochs` is the index of the last epoch, as in Keras: resuming a checkpoint saved after epoch 4 with
         epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
-        run, options = _split_options(kwargs, RunOptions, FitOptions)
-        check_positive_int(options.batch_size, "batch_size")
-        if not (type(options.epochs) is int and options.epochs == 0):   # 0 trains nothing: an empty History
-            check_positive_int(options.epochs, "epochs", "a non-negative integer")
-        for name in ("steps_per_epoch", "validation_steps"):
-            if getattr(options, name) is not None:
-                check_positive_int(getattr(options, name), name, "a positive integer or None")
-        check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
-        if options.gradient_clip_val is not None:   # 0 would freeze training, a negative value reverse it
-            check_positive_number(options.gradient_clip_val, "gradient_clip_val",
-                                  "a positive number (the largest total gradient norm), or None for no clipping")
-        lr_multiplier(options.lr_scaling, 1)
-        check_fit_arguments(options)
+        run, options = split_options(kwargs, RunOptions, FitOptions)
+        check_fit_options(options)
         history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         return history
@@ -179,7 +117,7 @@ class Model:
                  return_dict: bool = False, **kwargs):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
         no metrics, else [loss, metric, ...] in the order given to the Model; {"loss": ..., ...} with return_dict."""
-        (run,) = _split_options(kwargs, RunOptions)
+        (run,) = split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         logs = self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
@@ -189,7 +127,7 @@ class Model:
     def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
         otherwise; float32 under mixed precision."""
-        (run,) = _split_options(kwargs, RunOptions)
+        (run,) = split_options(kwargs, RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         outputs = self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,

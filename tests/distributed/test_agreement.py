@@ -14,7 +14,8 @@ from runner import SCRIPTS, make_net
 
 import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
-from easyfit.model import FitOptions, Model
+from easyfit.model import Model
+from easyfit.options import FitOptions
 from easyfit.resume import EpochPosition
 
 
