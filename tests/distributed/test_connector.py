@@ -321,3 +321,9 @@ def test_torchrun_processes_per_node_must_match_devices(env):
 def test_num_nodes_must_be_a_positive_integer(num_nodes):
     with pytest.raises(ValueError, match=f"num_nodes must be a positive integer, got {re.escape(repr(num_nodes))}"):
         connect("ddp", **CPU2, num_nodes=num_nodes)
+
+
+def test_a_strategy_object_prints_before_the_connector_configures_it():
+    from easyfit.strategies import DDP
+    assert repr(DDP()) == ("DDPStrategy(accelerator=None, processes_per_node=None, num_nodes=None, "
+                                             "backend=None)")

@@ -231,3 +231,11 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
     plain = easyfit.strategies.DeepSpeed()
     plain.configure_training(TrainingSettings())
     assert plain.config()["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"
+
+
+def test_a_sharded_directory_outside_a_sharded_fit_says_how_to_resume_or_convert_it(tmp_path):
+    from easyfit.strategies import FSDP, DeepSpeed
+    for strategy, words in ((FSDP(), "under strategy='fsdp'"), (DeepSpeed(stage=3), "on as many processes")):
+        with pytest.raises(ValueError, match=rf"is a .* checkpoint directory: resume it with fit\(resume_from=...\) "
+                                             rf".*{words}.*python -m easyfit.checkpoint_convert"):
+            strategy.load_checkpoint(str(tmp_path))

@@ -218,7 +218,8 @@ class ParallelStrategy(Strategy):
             dist.barrier()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(accelerator={self.accelerator!r}, processes_per_node={self.num_processes}, "
+        per_node = None if self.parallel_devices is None else self.num_processes   # None: not configured yet
+        return (f"{type(self).__name__}(accelerator={self.accelerator!r}, processes_per_node={per_node}, "
                 f"num_nodes={self.num_nodes}, backend={self.process_group_backend!r})")
 
 

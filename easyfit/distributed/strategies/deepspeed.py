@@ -24,6 +24,7 @@ from easyfit.distributed.strategies import zero_init
 from easyfit.distributed.strategies.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.sharding import (
+    directory_outside_fit,
     move_scheduler,
     param_names,
     rebuild_optimizer,
@@ -418,9 +419,7 @@ class DeepSpeedStrategy(DDPStrategy):
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
         if self.engine is None:
-            raise ValueError(f"{path!r} is a DeepSpeed checkpoint directory: resume it with fit(resume_from=...) "
-                             "under a DeepSpeed strategy on as many processes as wrote it, or turn it into one file: "
-                             f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
+            raise directory_outside_fit(path, "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it")
         _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
         rest = {key: value for key, value in client_state[CLIENT_STATE_KEY].items()

@@ -27,7 +27,13 @@ from easyfit.distributed.strategies.meta_init import (
     on_meta_device,
     uninitializable,
 )
-from easyfit.distributed.strategies.sharding import move_scheduler, param_names, rebuild_optimizer, without_weights
+from easyfit.distributed.strategies.sharding import (
+    directory_outside_fit,
+    move_scheduler,
+    param_names,
+    rebuild_optimizer,
+    without_weights,
+)
 from easyfit.precision import Precision
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -233,9 +239,7 @@ class FSDPStrategy(DDPStrategy):
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
         if self._sharded is None:
-            raise ValueError(f"{path!r} is a sharded checkpoint directory: resume it with fit(resume_from=...) under "
-                             "strategy='fsdp', or turn it into one file: "
-                             f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
+            raise directory_outside_fit(path, "sharded", "strategy='fsdp'")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, META_FILE), map_location="cpu")

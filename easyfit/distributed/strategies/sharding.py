@@ -65,6 +65,13 @@ def without_weights(state: dict) -> dict:
     return {key: value for key, value in state.items() if key not in ("net", "optimizer")}
 
 
+def directory_outside_fit(path: str, kind: str, resume_under: str) -> ValueError:
+    """The error for a sharded checkpoint directory read where no sharded fit can take it."""
+    return ValueError(f"{path!r} is a {kind} checkpoint directory: resume it with fit(resume_from=...) under "
+                      f"{resume_under}, or turn it into one file: python -m easyfit.checkpoint_convert {path} "
+                      "checkpoint.pt")
+
+
 def local_bytes(tensors) -> int:
     """Bytes of the tensors this rank holds: the local slice of a DTensor, the partition of a ZeRO-3 parameter."""
     total = 0
