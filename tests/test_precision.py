@@ -82,3 +82,14 @@ def test_resuming_16_mixed_restores_the_loss_scaler(make_net, classification, tm
     torch.testing.assert_close(resumed.net.state_dict(), straight.net.state_dict(), atol=1e-6, rtol=0)
     resumed.save(path)
     assert load_checkpoint_file(path)["scaler"]["_growth_tracker"] == 4 * 7
+
+
+def test_in_memory_data_follows_the_net_dtype_unless_the_backend_casts_its_inputs():
+    """A net held in bf16 by a backend that casts its own inputs (DeepSpeed) gets float32 data: targets of a
+    regression stay exact; any other bf16 net gets bf16 inputs."""
+    from easyfit.distributed.strategies.deepspeed import DeepSpeedPrecision
+    from easyfit.first_batch import _data_dtype
+    from easyfit.precision import Precision
+    net = torch.nn.Linear(3, 1).to(torch.bfloat16)
+    assert _data_dtype(net, Precision("bf16-mixed")) == torch.bfloat16
+    assert _data_dtype(net, DeepSpeedPrecision("bf16-mixed")) == torch.float32
