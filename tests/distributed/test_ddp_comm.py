@@ -72,6 +72,24 @@ def test_powersgd_trains_keeps_ranks_equal_and_resumes(tmp_path):
         torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("options", [("--comm-hook", "powersgd", "--epochs", "4"), ("--period", "3", "--warmup", "6")],
+                         ids=["powersgd", "averaging_warmup"])
+def test_a_resumed_fit_continues_the_communication_hook_exactly(tmp_path, options):
+    """1 epoch saved by ModelCheckpoint + a resumed fit equals the straight fit: the checkpoint holds every rank's
+    hook state. PowerSGD: its error feedback and step count (compression starts after step 2). Post-local SGD with
+    a 6-step warmup, resumed after step 4 (an averaging point): 2 more steps of global averaging, not 6."""
+    outcomes = {}
+    for kind in ("straight", "resumed"):
+        (tmp_path / kind).mkdir()
+        outcomes[kind] = run_ranks(tmp_path / kind, *options, *(["--resume"] if kind == "resumed" else []))
+    difference = max((outcomes["resumed"][0]["state"][name] - value).abs().max().item()
+                     for name, value in outcomes["straight"][0]["state"].items())
+    print(f"{options}: resumed vs straight, max weight difference {difference:.1e}")
+    assert difference <= 1e-7
+    checkpoint = torch.load(tmp_path / "resumed" / "epoch1.pt", weights_only=False)
+    assert len(checkpoint["communication"]) == 2 and checkpoint["communication"][0]["iter"] > 0
+
+
 def test_model_averaging_ranks_agree_exactly_at_averaging_points_only(tmp_path):
     ranks = run_ranks(tmp_path, "--period", "3")
     first, second = ranks[0]["snapshots"], ranks[1]["snapshots"]

@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why
 PEER_WAIT_NOTICE_SECONDS = 15.0
 REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+COMMUNICATION_KEY = "communication"   # the checkpoint's entry for every rank's communication hook state
 
 
 def destroy_process_group() -> None:
@@ -238,6 +239,7 @@ class DDPStrategy(ParallelStrategy):
         #: compressed gradients / local SGD (see ddp_comm); inactive by default
         self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
                                          model_averaging_warmup)
+        self._hook_state = None
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.name = name or self.START_METHODS[start_method]
@@ -267,8 +269,24 @@ class DDPStrategy(ParallelStrategy):
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
                                           find_unused_parameters=self.find_unused_parameters)
         if self.communication.active:
-            optimizer = configure_communication(wrapped, optimizer, self.communication)
+            optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
         return wrapped, optimizer, scheduler
+
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the
+        checkpoint too (PowerSGD's error feedback differs per rank), so a resume continues exactly."""
+        if self._hook_state is not None:
+            states = [None] * self.world_size
+            dist.all_gather_object(states, self._hook_state.state_dict())
+            state = {**state, COMMUNICATION_KEY: states}
+        super().save_checkpoint(path, state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        state = super().load_checkpoint(path)
+        saved = state.pop(COMMUNICATION_KEY, None)
+        if saved is not None and self._hook_state is not None and len(saved) == self.world_size:
+            self._hook_state.load_state_dict(saved[self.global_rank])
+        return state
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()

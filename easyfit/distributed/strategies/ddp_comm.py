@@ -72,9 +72,24 @@ def local_sgd_optimizer_class() -> type:
     return LocalSGDOptimizer
 
 
+class WarmupCount:
+    """Post-local SGD's hook state as a checkpoint keeps it: its step count, which ends the warmup."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return {"iter": self.state.iter}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.state.iter = saved["iter"]
+
+
 def configure_communication(net: DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                            options: CommOptions) -> torch.optim.Optimizer:
-    """Register the communication hook on the DDP-wrapped `net`; return the optimizer to train with."""
+                            options: CommOptions) -> tuple[torch.optim.Optimizer, object | None]:
+    """Register the communication hook on the DDP-wrapped `net`; return the optimizer to train with and the hook's
+    state in a form with `state_dict()` / `load_state_dict()` for checkpoints (None for the stateless fp16 / bf16
+    hooks)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
@@ -83,11 +98,14 @@ def configure_communication(net: DistributedDataParallel, optimizer: torch.optim
     elif options.comm_hook == "bf16":
         net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif options.comm_hook == "powersgd":
+        from easyfit.distributed.strategies.powersgd_state import LaidOutPowerSGD
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=options.powersgd_rank,
                                             start_powerSGD_iter=options.powersgd_start_step)
-        net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        hook = LaidOutPowerSGD(state, net.module)
+        net.register_comm_hook(state, hook.hook)
+        return optimizer, hook
     if options.model_averaging_period is None:
-        return optimizer
+        return optimizer, None
     # one subgroup per rank: after the warmup, the gradient "all-reduce" is local. Given explicitly, because torch's
     # default (one subgroup per machine) counts CUDA devices and fails on a machine without them.
     alone, _ = dist.new_subgroups(group_size=1)
@@ -96,4 +114,4 @@ def configure_communication(net: DistributedDataParallel, optimizer: torch.optim
     net.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
     averager = PeriodicModelAverager(period=options.model_averaging_period,
                                      warmup_steps=options.model_averaging_warmup)
-    return local_sgd_optimizer_class()(optimizer, averager)
+    return local_sgd_optimizer_class()(optimizer, averager), WarmupCount(state)

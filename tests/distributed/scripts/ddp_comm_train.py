@@ -36,12 +36,14 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--comm-hook", default=None)
     parser.add_argument("--period", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=0, help="model_averaging_warmup")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--resume", action="store_true", help="1 epoch, save, then resume up to --epochs")
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = make_data()
-    strategy = DDPStrategy(comm_hook=args.comm_hook, powersgd_start_step=2, model_averaging_period=args.period)
+    strategy = DDPStrategy(comm_hook=args.comm_hook, powersgd_start_step=2, model_averaging_period=args.period,
+                           model_averaging_warmup=args.warmup)
 
     def new_model() -> easyfit.Model:
         net = make_net()
