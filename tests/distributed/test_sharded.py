@@ -6,15 +6,17 @@ the backends' set-up is what costs time here."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from runner import make_data, make_net, run_script
+from runner import SCRIPTS, make_data, make_net, run_script
 
 import easyfit
 from easyfit.checkpoint_convert import convert_checkpoint
+from easyfit.distributed.environments import find_free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -141,6 +143,22 @@ def test_deepspeed_stages_match_plain_pytorch_and_shard(tmp_path):
     outcome = run(tmp_path, "parity,memory", ["ddp", *DEEPSPEED])
     check_parity(outcome, DEEPSPEED)
     check_memory(outcome, DEEPSPEED)
+
+
+@NEEDS_DEEPSPEED
+def test_deepspeed_under_its_own_launcher_matches_plain_pytorch(tmp_path):
+    """`deepspeed --num_accelerators 2 sharded.py ...` on the CPU: the strategy takes its ranks from DeepSpeed's
+    launcher (the fit asks for devices=2, as many as the launcher started)."""
+    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_accelerators", "2", "--no_local_rank",
+               "--master_port", str(find_free_port()), str(SCRIPTS / "sharded.py"), str(tmp_path), "parity",
+               "deepspeed_stage_2", "--cases", "plain"]
+    process = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"},
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, (process.stdout + process.stderr)[-6000:]
+    outcome = {rank: torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in (0, 1)}
+    check_parity(outcome, ["deepspeed_stage_2"])
+    torch.testing.assert_close(outcome[1]["deepspeed_stage_2"]["parity"], outcome[0]["deepspeed_stage_2"]["parity"],
+                               rtol=0, atol=0)
 
 
 @NEEDS_DEEPSPEED
