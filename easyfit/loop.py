@@ -278,7 +278,7 @@ class Loop:
         tracker = LossTracker()
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
-            for step, (batch, counted) in enumerate(self._eval_batches(net, batches)):
+            for step, (batch, counted) in enumerate(self._eval_batches(batches)):
                 if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
                     with precision.autocast():
                         call_net(net, split_batch(precision.convert_input(batch))[0])
@@ -301,7 +301,7 @@ class Loop:
             callbacks.call("on_test_end", logs)
         return logs
 
-    def _eval_batches(self, net: torch.nn.Module, batches):
+    def _eval_batches(self, batches):
         """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.lockstep)."""
         if not self.strategy.forward_in_lockstep(self.net):
             return ((batch, True) for batch in batches)

@@ -26,6 +26,7 @@ from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.sharding import (
     directory_outside_fit,
     move_scheduler,
+    optimizer_params,
     param_names,
     rebuild_optimizer,
     require,
@@ -209,7 +210,7 @@ class DeepSpeedStrategy(DDPStrategy):
             zero_init.cast_partitions(net, low)
         client = None
         if "optimizer" not in config:   # otherwise DeepSpeed builds the optimizer the config names
-            by_id = dict(zip(map(id, _optimizer_params(optimizer)), names))
+            by_id = dict(zip(map(id, optimizer_params(optimizer)), names))
             client = rebuild_optimizer(optimizer, lambda p: own[by_id[id(p)]])
         engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=client, config=config,
                                                dist_init_required=False)
@@ -395,7 +396,7 @@ class DeepSpeedStrategy(DDPStrategy):
         for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
             if getattr(zero, name, None) is not None:
                 return list(getattr(zero, name))
-        return [p for group in optimizer.param_groups for p in group["params"]]
+        return optimizer_params(optimizer)
 
     def _relink(self) -> None:
         """Point the parameters' fragment maps at optimizer state entries created after the engine was built."""
@@ -433,7 +434,3 @@ def _is_partitioned(value) -> bool:
 
 def _copy(value):
     return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
-
-
-def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]

@@ -30,6 +30,7 @@ from easyfit.distributed.strategies.meta_init import (
 from easyfit.distributed.strategies.sharding import (
     directory_outside_fit,
     move_scheduler,
+    optimizer_params,
     param_names,
     rebuild_optimizer,
     without_weights,
@@ -143,7 +144,7 @@ class FSDPStrategy(DDPStrategy):
                 fully_shard(unit, **options)
             fully_shard(sharded, **options)
         new_params = dict(sharded.named_parameters())
-        names = dict(zip(map(id, _optimizer_params(optimizer)), param_names(net, optimizer)))
+        names = dict(zip(map(id, optimizer_params(optimizer)), param_names(net, optimizer)))
         rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[names[id(p)]])
         if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
             self.load_optimizer_state(rebuilt, optimizer.state_dict())
@@ -217,7 +218,7 @@ class FSDPStrategy(DDPStrategy):
         if any(isinstance(key, str) for key in state["state"]):   # the sharded, name-keyed form
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
             return set_optimizer_state_dict(self._sharded, optimizer, state)
-        params = _optimizer_params(optimizer)
+        params = optimizer_params(optimizer)
         entries = {index: {key: shard_like(value, params[index]) for key, value in entry.items()}
                    for index, entry in state["state"].items()}
         optimizer.load_state_dict({**state, "state": entries})
@@ -248,7 +249,3 @@ class FSDPStrategy(DDPStrategy):
                                                                                               self._optimizer)}
         dcp.load(template, checkpoint_id=path)
         return {**rest, **template}
-
-
-def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]

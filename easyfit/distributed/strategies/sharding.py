@@ -54,10 +54,15 @@ def move_scheduler(scheduler, optimizer) -> None:
         move_scheduler(inner, optimizer)
 
 
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every parameter the optimizer holds, in its order (group by group)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def param_names(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """The net's name for every parameter the optimizer holds, in the optimizer's order."""
     names = {id(p): name for name, p in net.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return [names[id(p)] for p in optimizer_params(optimizer)]
 
 
 def without_weights(state: dict) -> dict:
