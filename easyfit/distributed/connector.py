@@ -193,7 +193,8 @@ def _node_devices(call: Call, devices) -> list[torch.device]:
 
 
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
-            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None) -> Strategy:
+            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None,
+            auto_select_gpus: bool = False) -> Strategy:
     """The Strategy for this call, configured for this process. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
     2. resolve "auto" (rule 4) and build the strategy from its row in STRATEGIES (or take the user's object);
@@ -204,7 +205,8 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     name = None if isinstance(strategy, Strategy) else strategy_name(strategy)
     if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
-    resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
+    auto_select = auto_select_gpus or (isinstance(devices, str) and devices.strip().lower() == "auto_select")
+    resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator), auto_select=auto_select)
     call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
     reason = None
     if name == "auto":
@@ -212,6 +214,8 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     if name is not None:
         strategy = STRATEGIES[name](call)
         strategy.auto_reason = reason
+    if auto_select:
+        strategy.selection_note = f"auto-selected CUDA devices {', '.join(str(d.index) for d in parsed)}"
     if strategy.uses_launcher_processes:
         call = replace(call, devices=_node_devices(call, devices))
     _check_conflicts(strategy, call)
