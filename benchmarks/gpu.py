@@ -74,7 +74,7 @@ def run_hand(name: str, epochs: int) -> list[float]:
     optimizer = make_optimizer(name, net)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else None
     clock = EpochClock(-(-len(x) // batch_size))
-    for epoch in range(epochs + 1):
+    for _ in range(epochs + 1):
         clock.start()
         order = torch.randperm(len(x))
         for start in range(0, len(x), batch_size):

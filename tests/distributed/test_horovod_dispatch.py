@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from easyfit.distributed import connector
+from easyfit.distributed import calls
 from easyfit.distributed.connector import connect
 from easyfit.distributed.strategies.horovod import HorovodStrategy, import_horovod
 
@@ -25,7 +25,7 @@ def plain_script(monkeypatch):
                  or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(connector, "is_interactive", lambda: False)
+    monkeypatch.setattr(calls, "is_interactive", lambda: False)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
