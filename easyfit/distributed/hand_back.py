@@ -29,7 +29,7 @@ def restore_callback_attributes(callbacks: list, attributes: list[dict] | None) 
 
 
 def _travels(value) -> bool:
-    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or hasattr(value, "strategy"):
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or type(value).__module__ == "easyfit.model":
         return False   # the net, the optimizer, an easyfit Model: the caller's objects are already up to date
     try:
         pickle.dumps(value)
