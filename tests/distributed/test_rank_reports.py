@@ -7,6 +7,8 @@ import json
 import pytest
 from runner import run_script
 
+from easyfit.distributed.launchers.failures import RankFailedError, root_cause
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -39,3 +41,10 @@ def test_callback_attributes_and_rank_zero_warnings_come_back_to_the_caller(stra
     assert caller["batches"] == 4 and caller["ranks"] == [0]
     assert "a warning raised on rank 0" in caller["warnings"]
     assert caller["message"] in caller["warnings"]
+
+
+def test_a_ranks_own_traceback_outranks_a_rank_the_collective_library_aborted():
+    aborted = RankFailedError(0, "killed by signal SIGABRT")
+    raised = RankFailedError(1, "Traceback (most recent call last):\nRuntimeError: the cause")
+    assert root_cause([aborted, raised]) is raised
+    assert root_cause([aborted]) is aborted
