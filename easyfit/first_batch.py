@@ -52,15 +52,14 @@ def prepare(model, net: nn.Module, batches, source: str, training: bool = False,
         _conform_floats(data, _data_dtype(model.strategy.module_for_eval(net), precision))
         if targets and isinstance(model.loss_fn, CLASS_INDEX_LOSSES):
             _class_indices_to_int64(data)
-    batches.first_step = FirstStep(model, batches, source, training, targets)
+    batches.first_step = FirstStep(model, batches, source, training)
 
 
 class FirstStep:
     """Runs the first batch as the loop would, with the checks; the loop then drops it (`batches.first_step`)."""
 
-    def __init__(self, model, batches, source: str, training: bool, targets: bool):
-        self.model, self.batches, self.source = model, batches, source
-        self.training, self.targets = training, targets
+    def __init__(self, model, batches, source: str, training: bool):
+        self.model, self.batches, self.source, self.training = model, batches, source, training
 
     def forward(self, net: nn.Module, inputs):
         """The net's output on the first batch; in-memory integer inputs become floats when the net raised on them."""
@@ -173,7 +172,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
                          "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "
                          "batches are (x, y) pairs.")
     net, precision = model.strategy.module_for_eval(net), model.precision
-    step = FirstStep(model, val, "the validation data", training=False, targets=True)
+    step = FirstStep(model, val, "the validation data", training=False)
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
         output = step.forward(net, precision.convert_input(inputs))
