@@ -126,6 +126,9 @@ class Loop:
         self.batches_checked = False
         self.train_batches = None
         self.optimizer_steps = 0
+        self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
+        self.compiled_optimizer_step = None if self.optimizer is None else \
+            self.steps.optimizer_step(self.optimizer, self.precision, strategy)
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
@@ -163,7 +166,7 @@ class Loop:
         uneven = num_batches is None and strategy.world_size > 1
         agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
         self._check_even_batches(num_batches)
-        position = model.position
+        position, forward_loss = model.position, self.steps.step("train")
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
@@ -175,10 +178,7 @@ class Loop:
                 boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
                 with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
                     with autocast:
-                        output = call_net(net, inputs)
-                        if not self.targets_checked:
-                            self._check_first_batch(output, target)
-                        loss = loss_fn(output, target)
+                        output, loss = forward_loss(net, loss_fn, inputs, target, self._first_check())
                     if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                         strategy.zero_grad(optimizer)
                     strategy.backward(loss / divisor if divisor > 1 else loss, precision)
@@ -237,6 +237,10 @@ class Loop:
         logs.update(metrics.compute(strategy.metric_sync_fn() if sync else None))
         return logs
 
+    def _first_check(self) -> Callable | None:
+        """What checks a batch's output against its target: set until the first batch has been checked."""
+        return None if self.targets_checked else self._check_first_batch
+
     def _check_first_batch(self, output, target) -> None:
         if target is None:
             raise ValueError("the batches have no target: pass y to fit, or data whose batches are (x, y) pairs "
@@ -251,7 +255,10 @@ class Loop:
         strategy = self.strategy
         if settings.gradient_clip_val is not None and not strategy.handles_clipping:
             strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
-        strategy.optimizer_step(optimizer, self.precision)
+        if self.compiled_optimizer_step is not None:
+            self.compiled_optimizer_step()
+        else:
+            strategy.optimizer_step(optimizer, self.precision)
         self.optimizer_steps += 1
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()
@@ -272,7 +279,7 @@ class Loop:
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        metrics = self.metrics
+        metrics, forward_loss = self.metrics, self.steps.step("evaluate")
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = LossTracker()
@@ -287,10 +294,7 @@ class Loop:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
                 with precision.autocast():
-                    output = call_net(net, inputs)
-                    if not self.targets_checked:
-                        self._check_first_batch(output, target)
-                    loss = self.loss_fn(output, target)
+                    output, loss = forward_loss(net, self.loss_fn, inputs, target, self._first_check())
                 size = batch_length(target)
                 tracker.add(loss.detach(), size)
                 if metrics:
@@ -311,14 +315,14 @@ class Loop:
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        outputs, to_inputs = [], PredictInputs(net)
+        outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
             for step, batch in enumerate(batches):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
                 with precision.autocast():
-                    output = call_net(net, inputs)
+                    output, _ = forward(net, None, inputs, None)
                 outputs.append(_to_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
             callbacks.call("on_predict_end", None)

@@ -13,6 +13,7 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.compiling import CompiledSteps, check_compile
 from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
@@ -86,6 +87,7 @@ class Model:
         self._precision = Precision("32")
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
+        self.compiled_steps = CompiledSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
 
     # --- identity (meaningful inside fit, in every process) -----------------------------
     @property
@@ -295,6 +297,7 @@ class Model:
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
                            training_memory=training_memory)
         check_call(self.net, method, strategy.trains_built_sharded)
+        check_compile(run.compile, strategy)
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
@@ -314,7 +317,8 @@ class Model:
             self._identity = (strategy.global_rank, strategy.world_size)
         self._precision = strategy.precision_plugin(self._precision, run.precision)
         try:
-            result = getattr(self, method)(run, **inputs)
+            with self.compiled_steps.running(run.compile, strategy):
+                result = getattr(self, method)(run, **inputs)
             launcher = strategy.launcher
             hand_back = (method == "_fit_in_process" and launcher is not None
                          and not launcher.rank_zero_in_caller and strategy.is_global_zero)
