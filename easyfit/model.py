@@ -194,6 +194,22 @@ class Model:
         model.restore(state)
         return model
 
+    def find_lr(self, x=None, y=None, **kwargs):
+        """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
+        optimizer and RNG are left exactly as before. See easyfit.lr_finder and docs/api.md."""
+        from easyfit.lr_finder import find_lr
+        return find_lr(self, x, y, **kwargs)
+
+    def find_batch_size(self, x=None, y=None, **kwargs) -> int:
+        """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
+        is left as before. See easyfit.batch_size_finder and docs/api.md."""
+        from easyfit.batch_size_finder import find_batch_size
+        return find_batch_size(self, x, y, **kwargs)
+
+    def _find_batch_size_in_process(self, run: RunOptions, **inputs) -> int:
+        from easyfit.batch_size_finder import search_in_process
+        return search_in_process(self, run, **inputs)
+
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
         from easyfit.summary import summarize
