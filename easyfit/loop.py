@@ -73,8 +73,9 @@ class LossTracker:
     def global_mean(self, strategy) -> float:
         """The mean over every sample seen by every process."""
         total, count = self.totals()
-        summed = strategy.reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])
-                                 .to(strategy.root_device), "sum")
+        device = strategy.root_device
+        summed = strategy.reduce(torch.stack([total.to(device),
+                                              torch.tensor(float(count), dtype=torch.float64, device=device)]), "sum")
         if not summed[1]:
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
         return float(summed[0]) / float(summed[1])

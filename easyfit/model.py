@@ -33,7 +33,7 @@ from easyfit.lr_scaling import (
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
 from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
-from easyfit.precision import Precision
+from easyfit.precision import Precision, parse_precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
@@ -303,7 +303,8 @@ class Model:
             self.position = EpochPosition.from_state(state.get("position"))
             torch.set_rng_state(state["rng"].cpu())
             if state.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda_rng"])
+                for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
+                    torch.cuda.set_rng_state(device_state.cpu(), index)
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
@@ -311,8 +312,9 @@ class Model:
         training_memory = estimate(self.net, self.optimizer) if method == "_fit_in_process" else None
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
-                           training_memory=training_memory)
+                           training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
         check_call(self.net, method, strategy.trains_built_sharded)
+        strategy.check_precision(parse_precision(run.precision or self._precision.name))
         check_compile(run.compile, strategy)
         launcher = strategy.launcher
         if launcher is None:
@@ -470,7 +472,7 @@ class Model:
             raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "
                             f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
                             "predict with strategy='single' (or devices=1) instead")
-        local = torch.cat(outputs) if outputs else torch.empty(0)
+        local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
         return interleave(strategy.all_gather(local))
 
 
