@@ -87,8 +87,8 @@ class CompiledStep:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         output, loss = self.compiled(net, loss_fn, inputs, target)
-        if self.cuda_graphs and loss is not None:   # kept past the next replay (the epoch's loss tracker)
-            loss = loss.detach().clone()
+        if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay, which
+            loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
         return output, loss
 
 

@@ -44,8 +44,10 @@ def _assert_close(eager, compiled, atol: float) -> None:
 
 def test_compiled_with_inductor_matches_eager_within_1e_5(make_net, classification):
     """101 samples in batches of 32: the short last batch runs eagerly, every sample counts, and the compiled
-    forward, backward and Adam step (with its LR changed by warmup and a schedule) give eager's numbers."""
-    _assert_close(_fit(make_net, classification, compile=False), _fit(make_net, classification, compile=True), 1e-5)
+    forward, backward and Adam step (with its LR changed by warmup and a schedule) give eager's numbers. The mode
+    of CUDA graphs ("reduce-overhead", none on a CPU) also takes the path that copies each loss out of the graph."""
+    eager = _fit(make_net, classification, compile=False)
+    _assert_close(eager, _fit(make_net, classification, compile="reduce-overhead"), 1e-5)
 
 
 def test_nothing_recompiles_after_the_first_epoch(make_net, classification):
