@@ -99,7 +99,7 @@ class LearningRatesInTensors:
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
-        self.tensors = [torch.tensor(float(group["lr"]), dtype=torch.float32, device=group["params"][0].device)
+        self.tensors = [torch.tensor(float(group["lr"]), dtype=torch.float32, device=_device_of(group["params"]))
                         for group in optimizer.param_groups]
         self.values = [float(group["lr"]) for group in optimizer.param_groups]
 
@@ -114,6 +114,10 @@ class LearningRatesInTensors:
     def __exit__(self, *exc_info):
         for group, value in zip(self.optimizer.param_groups, self.values):
             group["lr"] = value
+
+
+def _device_of(params: list) -> torch.device:
+    return params[0].device if params else torch.device("cpu")
 
 
 def compiles_optimizer_step(optimizer, precision, strategy) -> bool:
