@@ -26,7 +26,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from gpu import make_optimizer, workload
+from gpu import interleaved, make_optimizer, workload
 
 DEFAULT_SIDES = ["hand", "easyfit"]
 COMPILED_SIDES = ["easyfit-compiled"]
@@ -81,19 +81,14 @@ def run_hand(name: str, epochs: int, mode, device: torch.device, samples: int | 
 def run_easyfit(name: str, epochs: int, mode, device: torch.device, samples: int | None) -> list[float]:
     """easyfit's fit; compiled with `mode` unless it is False."""
     import easyfit
-    from easyfit.callbacks import Callback
+    from easyfit.callbacks import LambdaCallback
     net, x, y, batch_size, precision = on_device(name, device, samples)
     clock = EpochClock(-(-len(x) // batch_size), device)
-
-    class Timer(Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            clock.start()
-
-        def on_epoch_end(self, epoch, logs=None):
-            clock.stop()
-    model = easyfit.Model(net, "cross_entropy", make_optimizer(name, net))
-    model.fit(x, y, epochs=epochs + 1, batch_size=batch_size, verbose=0, accelerator=device.type, devices=1,
-              precision=precision, callbacks=[Timer()], compile=mode)
+    timer = LambdaCallback(on_epoch_begin=lambda epoch, logs: clock.start(),
+                           on_epoch_end=lambda epoch, logs: clock.stop())
+    easyfit.Model(net, "cross_entropy", make_optimizer(name, net)).fit(
+        x, y, epochs=epochs + 1, batch_size=batch_size, verbose=0, accelerator=device.type, devices=1,
+        precision=precision, callbacks=[timer], compile=mode)
     return clock.times[1:]
 
 
@@ -140,10 +135,7 @@ def main() -> None:
     print(f"{where}, torch {torch.__version__}, data in device memory; seconds per step, median of {args.rounds} "
           f"rounds x {args.epochs} epochs; speed-up over the hand-written loop (compile={args.compile!r})")
     for name in names:
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for round_index in range(args.rounds):
-            for side in sides if round_index % 2 == 0 else reversed(sides):
-                times[side].append(measure(side, name, args))
+        times = interleaved(sides, args.rounds, lambda side, name=name: measure(side, name, args))
         for side in sides:
             speedups = [h / t for t, h in zip(times[side], times["hand"])]
             bar = BARS.get((name, side))
