@@ -192,9 +192,17 @@ class CompiledSteps:
         return {"settings": self.settings, "cache": {}}
 
 
-def check_compile(value: Any, strategy) -> None:
-    """Raise before any work when `compile` is malformed or the strategy cannot compile its step."""
-    if compile_settings(value) is not None and not strategy.supports_compile:
+def check_compile(value: Any, strategy, options=None) -> None:
+    """Raise before any work when `compile` is malformed, the strategy cannot compile its step, or fit's `options`
+    accumulate gradients under CUDA graphs."""
+    settings = compile_settings(value)
+    if settings is None:
+        return
+    if not strategy.supports_compile:
         raise ValueError(f"strategy {strategy.name!r} does not support compile={value!r}: its step runs through "
                          "code torch.compile cannot trace as one step. Use compile=False, or strategy='single' / "
                          "'ddp' (see docs/strategies.md, supports_compile).")
+    if settings.get("mode") in CUDA_GRAPH_MODES and getattr(options, "gradient_accumulation_steps", 1) > 1:
+        raise ValueError(f"compile={value!r} replays CUDA graphs, and each replay overwrites the gradients the "
+                         "previous one left, which gradient accumulation keeps across batches; use compile=True "
+                         "(or mode 'max-autotune-no-cudagraphs') with gradient_accumulation_steps")

@@ -315,7 +315,7 @@ class Model:
                            training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
         check_call(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
-        check_compile(run.compile, strategy)
+        check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]

@@ -1,6 +1,8 @@
 """fit / evaluate / predict with compile=...: eager's numbers, and nothing recompiles after the first epoch."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -80,6 +82,12 @@ def test_a_strategy_that_cannot_compile_says_so_before_training(make_net, classi
     assert all(torch.equal(before[name], value) for name, value in net.state_dict().items())
 
 
+def test_cuda_graphs_with_gradient_accumulation_are_refused(make_net, classification):
+    with pytest.raises(ValueError, match="overwrites the gradients"):
+        easyfit.Model(make_net()).fit(*classification, verbose=0, compile="reduce-overhead",
+                                      gradient_accumulation_steps=2)
+
+
 def test_compile_settings_map_the_option_to_torch_compile_arguments():
     assert compile_settings(False) is None and compile_settings(None) is None
     assert compile_settings(True) == {}
@@ -98,6 +106,15 @@ def test_learning_rates_are_tensors_only_while_the_compiled_step_runs():
         assert [group["lr"] for group in optimizer.param_groups] == held   # the same tensors: no recompile
         assert [float(tensor) for tensor in held] == [0.25, 2.0]
     assert [group["lr"] for group in optimizer.param_groups] == [0.25, 2.0]
+
+
+@pytest.mark.gpu
+def test_a_compiled_fit_continues_an_eager_one_on_a_gpu(make_net, classification):
+    """Adam's state, made eagerly (not capturable), and a learning rate held in a tensor step together."""
+    model = easyfit.Model(make_net(), "cross_entropy", "adam")
+    for compile in (False, "reduce-overhead", True):
+        history = model.fit(*classification, epochs=2, verbose=0, accelerator="cuda", devices=1, compile=compile)
+        assert all(math.isfinite(loss) for loss in history.history["loss"])
 
 
 @pytest.mark.gpu
