@@ -16,6 +16,7 @@ import torch
 
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.options import FitOptions, RunOptions, split_options
+from easyfit.tensors import sample_count
 from easyfit.trial import undone_afterwards
 from easyfit.validation import check_positive_int
 
@@ -100,7 +101,7 @@ def _sample_count(x) -> int:
     if not hasattr(first, "__len__") or isinstance(first, torch.utils.data.DataLoader):
         raise TypeError("find_batch_size batches the data itself: pass arrays, tensors or a Dataset, not "
                         f"{type(x).__name__}")
-    return len(first)
+    return sample_count(x)
 
 
 def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_memory: int | None, steps: int,

@@ -31,12 +31,20 @@ from easyfit.lr_scaling import (
     scaled_learning_rates,
 )
 from easyfit.metrics import MetricSet, metric_names
-from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
+from easyfit.optimizers import (
+    build_optimizer,
+    build_scheduler,
+    grouped_parameters,
+    optimizer_factory,
+    optimizer_name,
+    parameter_groups,
+)
 from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
 from easyfit.precision import Precision, parse_precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
+from easyfit.tensors import sample_count
 from easyfit.validation import (
     callback_list,
     check_model_arguments,
@@ -74,7 +82,7 @@ class Model:
         self.optimizer = build_optimizer(optimizer, net, lr)
         self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
                      "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net)}
-        self.scheduler = _build_scheduler(scheduler, self.optimizer)
+        self.scheduler = build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
         self.metrics = MetricSet(metrics, self.loss_fn)
         self.history = History()
@@ -251,7 +259,7 @@ class Model:
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
         options = {"devices": 1, "lr_scaling": None, **kwargs}
         try:
-            result = self.fit(x, y, epochs=1, batch_size=_sample_count(x), shuffle=False, verbose=0, **options)
+            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, **options)
         finally:
             self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
         logs = {key: values[-1] for key, values in result.history.items()}
@@ -259,12 +267,12 @@ class Model:
 
     def test_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
         """`evaluate` on exactly this batch."""
-        return self.evaluate(x, y, batch_size=_sample_count(x), verbose=0, return_dict=return_dict,
+        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict,
                              **{"devices": 1, **kwargs})
 
     def predict_on_batch(self, x, **kwargs):
         """`predict` on exactly this batch."""
-        return self.predict(x, batch_size=_sample_count(x), verbose=0, **{"devices": 1, **kwargs})
+        return self.predict(x, batch_size=sample_count(x), verbose=0, **{"devices": 1, **kwargs})
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -476,25 +484,9 @@ class Model:
         return interleave(strategy.all_gather(local))
 
 
-def _build_scheduler(scheduler, optimizer):
-    if scheduler is None:
-        return None
-    if callable(scheduler) and not hasattr(scheduler, "step"):
-        scheduler = scheduler(optimizer)
-    if getattr(scheduler, "optimizer", None) is not optimizer:
-        raise ValueError("the scheduler must be built over the model's optimizer; pass a factory instead, "
-                         "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
-    return scheduler
-
-
 def _as_pair(validation_data) -> tuple:
     """validation_data as (x, y): a 2-tuple of arrays, or a dataset / loader with y=None."""
     if isinstance(validation_data, tuple) and len(validation_data) == 2:
         return validation_data
     return validation_data, None
 
-
-
-def _sample_count(x) -> int:
-    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple."""
-    return len(x[0] if isinstance(x, (list, tuple)) else x)
