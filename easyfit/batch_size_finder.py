@@ -112,7 +112,8 @@ def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_
     memory, samples = PeakMemory(device), _sample_count(x)
 
     def trains(batch_size: int) -> bool:
-        memory.reset()
+        if max_memory is not None:
+            memory.reset()
         try:
             with undone_afterwards(model):
                 model.fit(x, y, epochs=1, batch_size=batch_size, steps_per_epoch=min(steps, -(-samples // batch_size)),

@@ -15,7 +15,7 @@ import torch
 
 from easyfit.callbacks.base import Callback
 from easyfit.trial import undone_afterwards
-from easyfit.validation import check_positive_int, check_positive_number
+from easyfit.validation import callback_list, check_positive_int, check_positive_number
 
 
 @dataclass
@@ -113,7 +113,7 @@ def find_lr(model, x, y=None, *, start_lr: float = 1e-7, end_lr: float = 10.0, n
         if name in fit_options:
             raise TypeError(f"find_lr runs its own sweep of num_steps steps; it takes no {name}")
     sweep = LRSweep(start_lr, end_lr, num_steps, smoothing, divergence)
-    callbacks = [*fit_options.pop("callbacks", []), sweep]
+    callbacks = [*callback_list(fit_options.pop("callbacks", None)), sweep]
     with undone_afterwards(model):
         model.fit(x, y, epochs=num_steps, batch_size=batch_size, callbacks=callbacks,
                   **{"verbose": 0, **fit_options})
