@@ -67,7 +67,8 @@ def _shapes(batch) -> tuple:
 
 class CompiledStep:
     """`forward_loss` compiled for the shapes of the first batch it is given; other shapes run eagerly (unless
-    the options ask for dynamic shapes), as does a batch that must be checked first."""
+    the options ask for dynamic shapes). The first batch also runs eagerly, checked by `check`; a later call's
+    first batch runs compiled (fit and evaluate check each call's first batch before the loop as well)."""
 
     def __init__(self, settings: dict):
         options = {"dynamic": False, **settings}
@@ -75,20 +76,22 @@ class CompiledStep:
         self.cuda_graphs = options.get("mode") in CUDA_GRAPH_MODES
         self.compiled = torch.compile(_own_cache(forward_loss), **options)
         self.shapes: tuple | None = None
+        self.checked = False
 
     def __call__(self, net, loss_fn, inputs, target, check: Callable | None = None):
-        if self.static:
-            shapes = _shapes((inputs, target))
-            self.shapes = self.shapes or shapes
-            if shapes != self.shapes:
-                return forward_loss(net, loss_fn, inputs, target, check)
-        if check is not None:
+        shapes = _shapes((inputs, target)) if self.static else None
+        if self.shapes is not None and shapes != self.shapes:   # another shape: eagerly, so nothing recompiles
             return forward_loss(net, loss_fn, inputs, target, check)
-        if self.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        output, loss = self.compiled(net, loss_fn, inputs, target)
-        if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay, which
-            loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
+        if check is not None and not self.checked:
+            output, loss = forward_loss(net, loss_fn, inputs, target, check)
+            self.checked = True
+        else:
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            output, loss = self.compiled(net, loss_fn, inputs, target)
+            if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay,
+                loss = loss.clone()                      # which overwrites the graph's outputs; the copy backpropagates
+        self.shapes = self.shapes or shapes   # the shapes of the first batch that passed
         return output, loss
 
 
@@ -151,8 +154,6 @@ def _step(optimizer) -> None:
 class CompiledSteps:
     """A Model's compiled steps, kept between calls so that fitting again (or one epoch per call) compiles
     nothing anew; `settings` is the current call's (None: eager)."""
-
-    ROLES = ("train", "evaluate", "predict")
 
     def __init__(self):
         self.settings: dict | None = None
