@@ -44,12 +44,9 @@ def compile_settings(value: Any) -> dict | None:
                     f"{type(value).__name__}")
 
 
-def forward_loss(net, loss_fn: Callable | None, inputs, target, check: Callable | None = None):
-    """(output, loss) of one batch, run eagerly; `check(output, target)` first, when given; no loss without
-    `loss_fn` (predict)."""
+def forward_loss(net, loss_fn: Callable | None, inputs, target):
+    """(output, loss) of one batch, run eagerly; no loss without `loss_fn` (predict)."""
     output = call_net(net, inputs)
-    if check is not None:
-        check(output, target)
     return output, None if loss_fn is None else loss_fn(output, target)
 
 
@@ -67,8 +64,8 @@ def _shapes(batch) -> tuple:
 
 class CompiledStep:
     """`forward_loss` compiled for the shapes of the first batch it is given; other shapes run eagerly (unless
-    the options ask for dynamic shapes). The first batch also runs eagerly, checked by `check`; a later call's
-    first batch runs compiled (fit and evaluate check each call's first batch before the loop as well)."""
+    the options ask for dynamic shapes). Each call's first batch runs eagerly anyway, with its checks
+    (easyfit.first_batch)."""
 
     def __init__(self, settings: dict):
         options = {"dynamic": False, **settings}
@@ -76,22 +73,18 @@ class CompiledStep:
         self.cuda_graphs = options.get("mode") in CUDA_GRAPH_MODES
         self.compiled = torch.compile(_own_cache(forward_loss), **options)
         self.shapes: tuple | None = None
-        self.checked = False
 
-    def __call__(self, net, loss_fn, inputs, target, check: Callable | None = None):
-        shapes = _shapes((inputs, target)) if self.static else None
-        if self.shapes is not None and shapes != self.shapes:   # another shape: eagerly, so nothing recompiles
-            return forward_loss(net, loss_fn, inputs, target, check)
-        if check is not None and not self.checked:
-            output, loss = forward_loss(net, loss_fn, inputs, target, check)
-            self.checked = True
-        else:
-            if self.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            output, loss = self.compiled(net, loss_fn, inputs, target)
-            if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay,
-                loss = loss.clone()                      # which overwrites the graph's outputs; the copy backpropagates
-        self.shapes = self.shapes or shapes   # the shapes of the first batch that passed
+    def __call__(self, net, loss_fn, inputs, target):
+        if self.static:
+            shapes = _shapes((inputs, target))
+            self.shapes = self.shapes or shapes
+            if shapes != self.shapes:   # another shape (the short last batch): eagerly, so nothing recompiles
+                return forward_loss(net, loss_fn, inputs, target)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        output, loss = self.compiled(net, loss_fn, inputs, target)
+        if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay, which
+            loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
         return output, loss
 
 

@@ -17,10 +17,12 @@ from easyfit.compiling import CompiledSteps, check_compile
 from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
+from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.construction import check_call, prepare_for_state
-from easyfit.first_batch import check_first_batch, check_fit_data
+from easyfit.distributed.unused_parameters import explain_unused_parameters
+from easyfit.first_batch import prepare, prepare_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
 from easyfit.lr_scaling import (
@@ -328,10 +330,14 @@ class Model:
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
-        if state is not None:   # the ranks trained copies: bring rank 0's state back into the caller's objects
+        if state is None:
+            return result
+        reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
+        if method == "_fit_in_process":   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
             options = inputs["options"]
             self._fit_callbacks(options, is_global_zero=True).load_state_dict(state["callbacks"])
+            restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history
         return result
 
@@ -342,14 +348,23 @@ class Model:
         if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
             self._identity = (strategy.global_rank, strategy.world_size)
         self._precision = strategy.precision_plugin(self._precision, run.precision)
+        launcher = strategy.launcher
+        hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
         try:
-            with self.compiled_steps.running(run.compile, strategy):
+            with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy):
                 result = getattr(self, method)(run, **inputs)
-            launcher = strategy.launcher
-            hand_back = (method == "_fit_in_process" and launcher is not None
-                         and not launcher.rank_zero_in_caller and strategy.is_global_zero)
+            if not hand_back:
+                return result, None
+            if method != "_fit_in_process":
+                return result, {"warnings": caught}
             # a History refers to the whole Model: the caller rebuilds its own from the state instead
-            return (None, self.checkpoint_state()) if hand_back else (result, None)
+            return None, {**self.checkpoint_state(), "warnings": caught,
+                          "callback_attributes": callback_attributes(inputs["options"].callbacks)}
+        except RuntimeError as error:   # DDP's unused-parameter error, with the parameters' names and the fix
+            explained = explain_unused_parameters(error, self.net)
+            if explained is None:
+                raise
+            raise explained from error
         finally:
             strategy.teardown()
 
@@ -394,7 +409,6 @@ class Model:
 
     def _train(self, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
         strategy, optimizer = self.strategy, objects.optimizer
-        check_fit_data(self, objects.net, train, val)
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
         with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
             self._lr_multiplier = multiplier
@@ -411,6 +425,7 @@ class Model:
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
             self.stop_training = False
+            prepare_fit_data(self, objects.net, train, val)   # after a resume: a bad checkpoint runs no forward
             try:
                 Loop(self, strategy, callbacks, objects, settings, warmup).fit(
                     train, val, options.epochs, initial_epoch, options.validation_freq)
@@ -442,6 +457,7 @@ class Model:
         return {
             "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
             "validation_freq": options.validation_freq,
+            "validation": options.validation_data is not None or bool(options.validation_split),
             "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
             "effective_batch_size": options.batch_size * strategy.batch_factor,
             "steps_per_epoch": steps_per_epoch,
@@ -462,7 +478,7 @@ class Model:
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
         loop = self._eval_loop(verbose, callbacks)
-        check_first_batch(self, self.net, batches, "the evaluation data")
+        prepare(self, self.net, batches, "the evaluation data")
         return loop.evaluate(batches)
 
     def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
@@ -471,7 +487,7 @@ class Model:
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
         loop = self._eval_loop(verbose, callbacks)
-        check_first_batch(self, self.net, batches, "the data", targets=False)
+        prepare(self, self.net, batches, "the data", targets=False)
         outputs = loop.predict(batches)
         tensors = all(isinstance(output, torch.Tensor) for output in outputs)
         if strategy.world_size == 1 or not getattr(batches, "sharded", False):

@@ -247,6 +247,7 @@ class DDPStrategy(ParallelStrategy):
         self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
                                          model_averaging_warmup)
         self._hook_state = None
+        self._wrapped: DistributedDataParallel | None = None   # the net of the running fit
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.name = name or self.START_METHODS[start_method]
@@ -289,7 +290,15 @@ class DDPStrategy(ParallelStrategy):
                                           find_unused_parameters=self.find_unused_parameters)
         if self.communication.active:
             optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
+        self._wrapped = wrapped
         return wrapped, optimizer, scheduler
+
+    def backward(self, loss: torch.Tensor, precision) -> None:
+        """A parameter that got no gradient on this rank leaves DDP's all-reduce unfinished: raise DDP's error now,
+        before another collective meets the peers' pending all-reduce (gloo then aborts the process)."""
+        super().backward(loss, precision)
+        if self._wrapped is not None and not self.find_unused_parameters:
+            self._wrapped._check_reducer_finalized()
 
     def save_checkpoint(self, path: str, state: dict) -> None:
         """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the
