@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
 
 import easyfit
 from easyfit.callbacks import Callback
@@ -20,6 +21,16 @@ class FramesPerEpoch(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.counts.append(self.counter.frame_count)
+
+
+class GraphsPerEpoch(Callback):
+    """How many graphs torch.compile had made at the end of each epoch (any backend)."""
+
+    def __init__(self):
+        self.counts = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.counts.append(counters["stats"]["unique_graphs"])
 
 
 def _fit(make_net, data, compile, device="cpu", **options):
@@ -121,8 +132,8 @@ def test_a_compiled_fit_continues_an_eager_one_on_a_gpu(make_net, classification
 @pytest.mark.parametrize("mode", ["reduce-overhead", True])
 def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, mode):
     """CUDA graphs ("reduce-overhead") replay the forward, backward and capturable Adam step; fp32 numbers equal
-    eager's, and nothing recompiles after the first epoch."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    eager's (float32 matrix products stay IEEE: torch's default, no TF32)."""
     eager = _fit(make_net, classification, compile=False, device="cuda")
-    _assert_close(eager, _fit(make_net, classification, compile=mode, device="cuda"), 1e-5)
+    graphs = GraphsPerEpoch()
+    _assert_close(eager, _fit(make_net, classification, compile=mode, device="cuda", callbacks=[graphs]), 1e-5)
+    assert graphs.counts[0] > 0 and graphs.counts[1] == graphs.counts[0]   # nothing compiled in the second epoch
