@@ -66,9 +66,13 @@ class PeakMemory:
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        else:
+            return
+        try:
             with open("/proc/self/clear_refs", "w") as clear:
                 clear.write("5")   # resets the peak resident set size (VmHWM) to the current one
+        except OSError as error:
+            raise RuntimeError(f"max_memory on the CPU needs to reset this process's peak memory through "
+                               f"/proc/self/clear_refs, which failed ({error}); give max_batch_size instead") from None
 
     def peak(self) -> int:
         if self.device.type == "cuda":

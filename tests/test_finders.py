@@ -163,7 +163,10 @@ def test_peak_memory_sees_a_large_allocation_after_a_reset():
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("the peak resident set is read from /proc (Linux)")
     memory = PeakMemory(torch.device("cpu"))
-    memory.reset()
+    try:
+        memory.reset()
+    except RuntimeError as error:   # a container may forbid resetting it
+        pytest.skip(f"the peak resident set cannot be reset here: {error}")
     baseline = memory.peak()
     block = torch.ones(64 * 2**20 // 4)   # 64 MiB, touched
     assert memory.peak() - baseline >= 60 * 2**20
