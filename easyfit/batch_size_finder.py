@@ -23,8 +23,7 @@ from easyfit.validation import check_positive_int
 #: what a failed allocation says on the CPU (torch raises a plain RuntimeError there)
 CPU_OUT_OF_MEMORY = ("can't allocate memory", "out of memory")
 #: fit options a trial sets itself
-TRIAL_OPTIONS = ("epochs", "batch_size", "steps_per_epoch", "validation_data", "validation_split", "resume_from",
-                 "compile")
+TRIAL_OPTIONS = ("epochs", "batch_size", "steps_per_epoch", "validation_data", "validation_split", "resume_from")
 
 
 def largest_that_trains(trains: Callable[[int], bool], start: int, limit: int) -> int:
