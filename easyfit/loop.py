@@ -126,6 +126,9 @@ class Loop:
         self.batches_checked = False
         self.train_batches = None
         self.optimizer_steps = 0
+        self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
+        self.compiled_optimizer_step = None if self.optimizer is None else \
+            self.steps.optimizer_step(self.optimizer, self.precision, strategy)
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
@@ -163,7 +166,7 @@ class Loop:
         uneven = num_batches is None and strategy.world_size > 1
         agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
         self._check_even_batches(num_batches)
-        position = model.position
+        position, forward_loss = model.position, self.steps.step("train")
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
@@ -177,8 +180,7 @@ class Loop:
                 with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
                     with autocast:
                         if first_step is None:
-                            output = call_net(net, inputs)
-                            loss = loss_fn(output, target)
+                            output, loss = forward_loss(net, loss_fn, inputs, target)
                         else:   # the checks of the first batch run in its real step (see easyfit.first_batch)
                             output, target, loss = first_step.run(net, inputs, target, loss_fn)
                             first_step = batches.first_step = None
@@ -247,7 +249,10 @@ class Loop:
         strategy = self.strategy
         if settings.gradient_clip_val is not None and not strategy.handles_clipping:
             strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
-        strategy.optimizer_step(optimizer, self.precision)
+        if self.compiled_optimizer_step is not None:
+            self.compiled_optimizer_step()
+        else:
+            strategy.optimizer_step(optimizer, self.precision)
         self.optimizer_steps += 1
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()
@@ -268,7 +273,7 @@ class Loop:
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        metrics = self.metrics
+        metrics, forward_loss = self.metrics, self.steps.step("evaluate")
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = LossTracker()
@@ -285,8 +290,7 @@ class Loop:
                 with precision.autocast():
                     first_step = getattr(batches, "first_step", None)
                     if first_step is None:
-                        output = call_net(net, inputs)
-                        loss = self.loss_fn(output, target)
+                        output, loss = forward_loss(net, self.loss_fn, inputs, target)
                     else:
                         output, target, loss = first_step.run(net, inputs, target, self.loss_fn)
                         batches.first_step = None
@@ -310,7 +314,7 @@ class Loop:
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        outputs, to_inputs = [], PredictInputs(net)
+        outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
             for step, batch in enumerate(batches):
@@ -319,7 +323,7 @@ class Loop:
                 with precision.autocast():
                     first_step = getattr(batches, "first_step", None)
                     if first_step is None:
-                        output = call_net(net, inputs)
+                        output, _ = forward(net, None, inputs, None)
                     else:
                         output = first_step.forward(net, inputs)
                         batches.first_step = None

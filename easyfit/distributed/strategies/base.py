@@ -45,6 +45,9 @@ class Strategy:
     handles_accumulation = False
     #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
     handles_clipping = False
+    #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
+    #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
+    supports_compile = False
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
@@ -144,6 +147,10 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release what `setup_environment` created."""
+
+    def compile_context(self) -> contextlib.AbstractContextManager:
+        """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""
+        return contextlib.nullcontext()
 
     # --- state (called on every rank) -------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:

@@ -256,6 +256,18 @@ class DDPStrategy(ParallelStrategy):
     def starts_processes(self) -> bool:
         return self.start_method != "popen"
 
+    @property
+    def supports_compile(self) -> bool:
+        """A compiled step under DDP; not with a communication hook (PowerSGD, post-local SGD), whose state and
+        optimizer wrapper the compiled graphs do not cover."""
+        return not self.communication.active
+
+    def compile_context(self) -> contextlib.AbstractContextManager:
+        """dynamo's DDP optimizer: the compiled graph is split at DDP's bucket boundaries, so each bucket's
+        gradient all-reduce starts while the backward of the rest still runs."""
+        import torch._dynamo
+        return torch._dynamo.config.patch(optimize_ddp="ddp_optimizer")
+
     def check_call(self, call) -> None:
         self.communication.check_backend(self.process_group_backend or call.process_group_backend
                                          or ("nccl" if call.accelerator == "cuda" else "gloo"))
