@@ -9,6 +9,8 @@
 | 0, "0", [], None | CPU, one process                       | one process                            |
 
 A number is always a count ("3" included); only a list, or a string with a comma, names device ids.
+On TPUs (accelerator="tpu", torch_xla) devices=1 is one device in this process; N, -1 and "auto" are every device of
+this host, one process each (1 in a notebook or REPL); ids are an error, as torch_xla chooses the devices.
 """
 from __future__ import annotations
 
@@ -21,18 +23,16 @@ import torch
 
 from easyfit.validation import closest_name
 
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-RESOLVED = ("cpu", "cuda", "mps")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+RESOLVED = ("cpu", "cuda", "mps", "tpu")
 LABELS = {"cuda": "CUDA", "mps": "MPS"}
 FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', '-1') or 'auto'"
 
 
 def resolve_accelerator(accelerator: str) -> str:
-    """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' -> the accelerator this process uses: 'cuda', 'mps' or 'cpu'."""
+    """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' / 'tpu' -> the accelerator this process uses: 'cuda', 'mps', 'cpu'
+    or 'tpu' (torch_xla's device, checked when its strategy is built; 'auto' never picks it)."""
     key = str(accelerator).lower()
-    if key == "tpu":
-        raise NotImplementedError("accelerator='tpu': TPUs need torch_xla, which this version of easyfit does not "
-                                  "support yet. Use accelerator='gpu', 'cpu' or 'auto'.")
     if key not in ACCELERATORS:
         raise ValueError(f"unknown accelerator {accelerator!r}.{closest_name(key, ACCELERATORS)} "
                          f"Valid values: {', '.join(ACCELERATORS)}.")
@@ -83,14 +83,14 @@ def is_interactive() -> bool:
 def parse_devices(devices, accelerator: str, interactive: bool | None = None) -> tuple[str, list[torch.device]]:
     """`devices=` (see the module's table) -> (accelerator, the devices of this node, one per process).
 
-    `accelerator` must already be resolved ('cpu', 'cuda' or 'mps'). It comes back as 'cpu' when devices asks for
+    `accelerator` must already be resolved ('cpu', 'cuda', 'mps' or 'tpu'). It comes back as 'cpu' when devices asks for
     no accelerator device (0, "0", [], None). `interactive` defaults to `is_interactive()`.
     """
     if accelerator not in RESOLVED:
         raise ValueError(f"parse_devices needs a resolved accelerator ({', '.join(RESOLVED)}); got {accelerator!r}. "
                          "Pass it through resolve_accelerator first.")
     wanted = _read(devices)
-    if wanted == 0:
+    if wanted == 0 and accelerator != "tpu":
         return "cpu", [torch.device("cpu")]
     if wanted == "auto":
         if interactive is None:
@@ -98,6 +98,8 @@ def parse_devices(devices, accelerator: str, interactive: bool | None = None) ->
         wanted = 1 if accelerator == "cpu" or interactive else -1
     if accelerator == "cpu":
         return "cpu", _cpu_processes(devices, wanted)
+    if accelerator == "tpu":
+        return "tpu", _xla_devices(devices, wanted)
     return accelerator, [torch.device(accelerator, index) for index in _device_ids(devices, wanted, accelerator)]
 
 
@@ -146,6 +148,20 @@ def _cpu_processes(devices, wanted: int | list[int]) -> list[torch.device]:
                          "those GPUs.")
     count = device_count("cpu") if wanted == -1 else wanted
     return [torch.device("cpu")] * count
+
+
+def _xla_devices(devices, wanted: int | list[int] | str) -> list[torch.device]:
+    """On XLA devices=1 is one device in this process; N, -1 and "auto" are every device of this host, one process
+    each, as torch_xla starts them: [xla:0 .. xla:N-1], or [xla] (no index) when only torch_xla knows how many.
+    On XLA:CPU (PJRT_DEVICE=CPU) there are CPU_NUM_DEVICES devices (default 1)."""
+    if isinstance(wanted, list) or wanted == 0:
+        raise ValueError(f"devices={devices!r} on TPUs: torch_xla chooses the devices itself, so pass 1, the number "
+                         "of this host's devices (e.g. 8), -1 or 'auto' (or accelerator='cpu' to train on the CPU).")
+    if wanted == -1:
+        if os.environ.get("PJRT_DEVICE", "").upper() != "CPU":
+            return [torch.device("xla")]
+        wanted = int(os.environ.get("CPU_NUM_DEVICES", "1"))
+    return [torch.device("xla", index) for index in range(wanted)]
 
 
 def _device_ids(devices, wanted: int | list[int], accelerator: str) -> list[int]:

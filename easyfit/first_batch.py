@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from easyfit.data import PredictInputs, TensorBatches, batch_length, peek_first_batch, split_batch
+from easyfit.data import PredictInputs, TensorBatches, batch_length, move_to_device, peek_first_batch, split_batch
 from easyfit.loop import _eval_mode, call_net
 from easyfit.losses import CLASS_INDEX_LOSSES, check_class_range, check_targets
 
@@ -40,11 +40,12 @@ def check_first_batch(model, net: nn.Module, batches, source: str, training: boo
     net, precision = model.strategy.module_for_eval(net), model.precision
     if isinstance(batches, TensorBatches):
         _conform_floats(batches, _data_dtype(net, precision))
-    batch = peek_first_batch(batches)
+    device = model.strategy.root_device
+    batch = _peek(batches, device)
     if batch is None:
         return
     norms: list[tuple[str, nn.Module, torch.Size]] = []
-    output = _run(net, precision, batches, batch, source, norms, _inputs_rule(net, targets))
+    output = _run(net, precision, batches, batch, source, norms, _inputs_rule(net, targets), device)
     target = split_batch(batch)[1]
     if training:
         _check_batch_of_one(batches, norms, source)
@@ -90,14 +91,20 @@ def _integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:
     return True
 
 
-def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to_inputs):
+def _peek(batches, device: torch.device):
+    """The first batch (see `peek_first_batch`), on the net's device (where the backend's loader would put it)."""
+    batch = peek_first_batch(batches)
+    return None if batch is None else move_to_device(batch, device)
+
+
+def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to_inputs, device: torch.device):
     """The net's output on `batch`; in-memory integer inputs become floats when only floats run."""
     try:
         return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:
         if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _data_dtype(net, precision))):
             raise _explain(error, net, to_inputs(batch), source) from error
-    batch = peek_first_batch(batches)
+    batch = _peek(batches, device)
     try:
         return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
     except (RuntimeError, TypeError) as error:

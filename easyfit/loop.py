@@ -73,11 +73,11 @@ class LossTracker:
     def global_mean(self, strategy) -> float:
         """The mean over every sample seen by every process."""
         total, count = self.totals()
-        summed = strategy.reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])
-                                 .to(strategy.root_device), "sum")
-        if not summed[1]:
+        count = torch.tensor(float(count), dtype=torch.float64, device=total.device)
+        summed, seen = strategy.reduce(torch.stack([total, count]).to(strategy.root_device), "sum").tolist()
+        if not seen:   # one read back to the host for both numbers: a device sync, once per epoch
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
-        return float(summed[0]) / float(summed[1])
+        return summed / seen
 
 
 class BatchLogs(Mapping):
@@ -168,7 +168,7 @@ class Loop:
         net.train()
         metrics.reset()
         with strategy.uneven_inputs(net) if uneven else SYNC:
-            for step, batch in enumerate(remaining, first):
+            for step, batch in enumerate(strategy.feed(remaining), first):
                 if batch_begin:
                     callbacks.call("on_train_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
@@ -304,7 +304,7 @@ class Loop:
     def _eval_batches(self, batches):
         """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.lockstep)."""
         if not self.strategy.forward_in_lockstep(self.net):
-            return ((batch, True) for batch in batches)
+            return ((batch, True) for batch in self.strategy.feed(batches))
         return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
 
     @torch.no_grad()
@@ -314,7 +314,7 @@ class Loop:
         outputs, to_inputs = [], PredictInputs(net)
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
-            for step, batch in enumerate(batches):
+            for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
                 with precision.autocast():

@@ -8,6 +8,7 @@ correct single-process backend, so a backend overrides only what it does differe
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -169,6 +170,16 @@ class Strategy:
     def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
         """Give this rank its share of a sampler the user wrote."""
         return sampler
+
+    @property
+    def batch_device(self) -> torch.device:
+        """Where the batch sources put each batch: this process's device, unless `feed` moves them itself."""
+        return self.root_device
+
+    def feed(self, batches: Iterable) -> Iterable:
+        """What the loop iterates in an epoch of training, evaluation or prediction, from the batch source's
+        batches (on `batch_device`): they themselves here; a backend with its own loader wraps them (XLA)."""
+        return batches
 
     # --- step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:

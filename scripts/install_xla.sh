@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build, once per machine, the virtual environment the XLA tests run in: torch_xla 2.9.0 with the torch it pins
+# (2.9.0), beside (never inside) the main environment, whose torch stays as it is.
+#
+# torch_xla 2.9.0 requires exactly torch 2.9.0, and PyPI's torch 2.9.0 for Linux x86-64 is the CUDA build: pip
+# installs its nvidia-* libraries too (about 3 GB; libtorch links against them even where no GPU is used). The
+# environment is built in $EASYFIT_XLA_VENV (default ~/.cache/easyfit/xla-venv-<version>-py<XY>), marked ready only
+# once complete, and reused from then on (a second run takes a second). The tests run from the repository
+# (python -m pytest puts it on the path), so easyfit itself is not installed there.
+#
+# Usage: scripts/install_xla.sh                  build if needed
+#        scripts/install_xla.sh --print-python   the environment's interpreter (for: "$(...)" -m pytest tests/xla)
+# Environment: EASYFIT_XLA_VENV (where the environment goes), PYTHON (the interpreter it is made from).
+set -euo pipefail
+
+TORCH_XLA_VERSION=2.9.0
+TORCH_VERSION=2.9.0
+PYTHON=${PYTHON:-python}
+
+py_version=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+venv=${EASYFIT_XLA_VENV:-$HOME/.cache/easyfit/xla-venv-$TORCH_XLA_VERSION-$py_version}
+ready="$venv/.easyfit-ready-torch_xla-$TORCH_XLA_VERSION"
+
+if [[ "${1:-}" == "--print-python" ]]; then
+    echo "$venv/bin/python"
+    exit 0
+fi
+
+if [[ -f "$ready" ]] && "$venv/bin/python" -c 'import torch_xla, pytest' 2>/dev/null; then
+    echo "install_xla.sh: torch_xla $TORCH_XLA_VERSION environment ready at $venv"
+    exit 0
+fi
+
+echo "install_xla.sh: building the torch_xla $TORCH_XLA_VERSION environment at $venv (downloads about 4 GB once)"
+start=$SECONDS
+rm -rf "$venv"
+"$PYTHON" -m venv "$venv"
+# one resolve, torch pinned: the requirements of easyfit and of its tests cannot pull in another torch
+"$venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" "torch_xla==$TORCH_XLA_VERSION" \
+    "torchmetrics>=1.0" "tqdm>=4.60" numpy "pytest>=7" "pytest-timeout>=2"
+PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla; torch_xla.device()'
+touch "$ready"
+echo "install_xla.sh: built in $((SECONDS - start)) s"

@@ -1,0 +1,174 @@
+"""strategy="xla" on XLA:CPU (PJRT_DEVICE=CPU): the same numbers as plain PyTorch on the CPU, checkpoints a plain
+CPU net loads, an exact resume, and no graph compiled after the first epoch.
+
+These run where torch_xla is installed: in CI, in the environment scripts/install_xla.sh builds
+("$(scripts/install_xla.sh --print-python)" -m pytest tests/xla); elsewhere they are skipped.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+pytest.importorskip("torch_xla", reason="torch_xla is not installed: build its environment with "
+                                        "scripts/install_xla.sh (see docs/tpu.md)")
+import torch_xla
+import torch_xla.debug.metrics as met
+
+torch_xla.device()   # XLA's runtime starts before the first backward here (see docs/tpu.md, "Known limits")
+
+import easyfit
+from easyfit.callbacks import Callback, ModelCheckpoint
+
+TOLERANCE = 1e-5
+ACCUMULATE, CLIP, BATCH, LR = 2, 0.5, 16, 0.05
+XLA_RUN = {"accelerator": "tpu", "devices": 1, "verbose": 0}
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    """101 samples: an uneven last batch and a last accumulation window of one batch."""
+    x = torch.randn(101, 4, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def plain_pytorch(optimizer_name: str, epochs: int = 2) -> nn.Module:
+    """The reference on the CPU: batches in order, gradients of 2 batches averaged, clipped to 0.5, then a step."""
+    model, (x, y) = net(), data()
+    optimizer = getattr(torch.optim, optimizer_name)(model.parameters(), lr=LR)
+    starts = list(range(0, len(x), BATCH))
+    for _ in range(epochs):
+        for step, start in enumerate(starts):
+            if step % ACCUMULATE == 0:
+                optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x[start:start + BATCH]), y[start:start + BATCH])
+            (loss / ACCUMULATE).backward()
+            if (step + 1) % ACCUMULATE == 0 or step + 1 == len(starts):
+                nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                optimizer.step()
+    return model
+
+
+def xla_fit(optimizer_name: str, epochs: int = 2, metrics=None, **options) -> easyfit.Model:
+    model = easyfit.Model(net(), "cross_entropy", optimizer_name.lower(), metrics, lr=LR)
+    model.fit(*data(), epochs=epochs, batch_size=BATCH, shuffle=False, gradient_accumulation_steps=ACCUMULATE,
+              gradient_clip_val=CLIP, **XLA_RUN, **options)
+    return model
+
+
+def largest_difference(first: nn.Module, second: nn.Module) -> float:
+    pairs = zip(first.state_dict().values(), second.state_dict().values())
+    return max((a.cpu() - b.cpu()).abs().max().item() for a, b in pairs)
+
+
+class GraphCounts(Callback):
+    """XLA's graph compilations and device-to-host transfers so far, at the end of every epoch."""
+
+    def __init__(self):
+        self.compilations, self.transfers = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.compilations.append(_samples("CompileTime"))
+        self.transfers.append(_samples("TransferFromDeviceTime"))
+
+
+def _samples(metric: str) -> int:
+    data = met.metric_data(metric)
+    return data[0] if data else 0
+
+
+@pytest.mark.parametrize("optimizer_name", ["SGD", "Adam"])
+def test_one_xla_device_trains_as_plain_pytorch_on_the_cpu(optimizer_name):
+    model = xla_fit(optimizer_name)
+    assert all(p.device.type == "cpu" for p in model.net.parameters())   # handed back on the CPU
+    assert largest_difference(model.net, plain_pytorch(optimizer_name)) < TOLERANCE
+
+
+@pytest.mark.parametrize("metrics, settled", [(None, 1), (["accuracy"], 2)])
+def test_no_graph_is_compiled_after_the_first_epochs(metrics, settled, capsys):
+    """Every step reuses its compiled graph; a fit with metrics compiles once more at the start of epoch 2 (the
+    metrics' reset between epochs, which the first epoch does not have), then nothing."""
+    counts = GraphCounts()
+    xla_fit("SGD", epochs=3, callbacks=[counts], metrics=metrics)
+    compiled, transfers = counts.compilations, counts.transfers
+    with capsys.disabled():
+        print(f"\nmetrics={metrics}: XLA graph compilations at the end of epochs 1-3: {compiled} (after epoch 1: "
+              f"{compiled[-1] - compiled[0]}); device-to-host transfers in epochs 2 and 3: "
+              f"{[b - a for a, b in zip(transfers, transfers[1:])]}, for {-(-101 // BATCH)} steps each")
+    assert compiled[-1] == compiled[settled - 1]
+    reads = 1 + bool(metrics)   # the epoch's loss and its metric, not one per step
+    assert all(b - a == reads for a, b in zip(transfers, transfers[1:]))
+
+
+def test_evaluate_and_predict_equal_plain_pytorch():
+    model = easyfit.Model(net(), "cross_entropy", "sgd", metrics=["accuracy"])
+    x, y = data()
+    plain = net()
+    with torch.no_grad():
+        outputs = plain(x)
+    expected_loss = nn.functional.cross_entropy(outputs, y).item()
+    expected_accuracy = (outputs.argmax(1) == y).float().mean().item()
+    loss, accuracy = model.evaluate(x, y, batch_size=BATCH, **XLA_RUN)
+    assert loss == pytest.approx(expected_loss, abs=TOLERANCE)
+    assert accuracy == pytest.approx(expected_accuracy, abs=1e-7)
+    predictions = model.predict(x, batch_size=BATCH, **XLA_RUN)
+    assert predictions.device.type == "cpu" and predictions.shape == (101, 3)
+    assert (predictions - outputs).abs().max().item() < TOLERANCE
+
+
+def test_checkpoints_hold_cpu_tensors_that_a_plain_net_loads(tmp_path):
+    model = xla_fit("Adam", epochs=1, callbacks=[ModelCheckpoint(str(tmp_path / "during.pt"))])
+    model.save(tmp_path / "after.pt")
+    for name in ("during.pt", "after.pt"):
+        state = torch.load(tmp_path / name, map_location=None, weights_only=False)
+        tensors = [*state["net"].values(), *[v for s in state["optimizer"]["state"].values() for v in s.values()]]
+        assert all(tensor.device.type == "cpu" for tensor in tensors), name
+        plain = net()
+        plain.load_state_dict(state["net"])
+        assert largest_difference(plain, model.net) == 0.0, name
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = xla_fit("Adam", epochs=2)
+    first = xla_fit("Adam", epochs=1, callbacks=[ModelCheckpoint(str(tmp_path / "epoch1.pt"))])
+    resumed = easyfit.Model(net(), "cross_entropy", "adam", lr=LR)
+    resumed.fit(*data(), epochs=2, batch_size=BATCH, shuffle=False, gradient_accumulation_steps=ACCUMULATE,
+                gradient_clip_val=CLIP, resume_from=str(tmp_path / "epoch1.pt"), **XLA_RUN)
+    assert first.completed_epochs == 1 and resumed.completed_epochs == 2
+    assert largest_difference(resumed.net, straight.net) == 0.0
+
+
+def test_bf16_mixed_computes_in_bfloat16_close_to_float32():
+    model = easyfit.Model(net(), "cross_entropy", "sgd", lr=LR)
+    dtypes = set()
+    model.net[0].register_forward_hook(lambda module, inputs, output: dtypes.add(output.dtype))
+    model.fit(*data(), epochs=2, batch_size=BATCH, shuffle=False, gradient_accumulation_steps=ACCUMULATE,
+              gradient_clip_val=CLIP, precision="bf16-mixed", **XLA_RUN)
+    assert dtypes == {torch.bfloat16}
+    assert largest_difference(model.net, plain_pytorch("SGD")) < 2e-2
+
+
+def test_several_xla_cpu_devices_are_refused_in_words(monkeypatch):
+    monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    model = easyfit.Model(net(), "cross_entropy", "sgd")
+    with pytest.raises(ValueError, match="several XLA:CPU devices .* pytorch/xla issue 9089"):
+        model.fit(*data(), epochs=1, accelerator="tpu", devices="auto", verbose=0)
+
+
+def test_float16_mixed_is_refused_with_bf16_named():
+    model = easyfit.Model(net(), "cross_entropy", "sgd")
+    with pytest.raises(ValueError, match="bf16-mixed"):
+        model.fit(*data(), epochs=1, precision="16-mixed", **XLA_RUN)
+
+
+def test_auto_strategy_on_tpu_is_xla():
+    from easyfit.distributed.connector import connect
+    strategy = connect(accelerator="tpu", devices=1)
+    assert strategy.name == "xla" and strategy.launcher is None
