@@ -36,7 +36,7 @@ start=$SECONDS
 rm -rf "$venv"
 "$PYTHON" -m venv "$venv"
 # one resolve, torch pinned: the requirements of easyfit and of its tests cannot pull in another torch
-"$venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" "torch_xla==$TORCH_XLA_VERSION" \
+"$venv/bin/python" -m pip install --quiet --no-compile "torch==$TORCH_VERSION" "torch_xla==$TORCH_XLA_VERSION" \
     "torchmetrics>=1.0" "tqdm>=4.60" numpy "pytest>=7" "pytest-timeout>=2"
 PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla; torch_xla.device()'
 touch "$ready"
