@@ -151,16 +151,14 @@ def _cpu_processes(devices, wanted: int | list[int]) -> list[torch.device]:
 
 
 def _xla_devices(devices, wanted: int | list[int] | str) -> list[torch.device]:
-    """On XLA devices=1 is one device in this process; N, -1 and "auto" are every device of this host, one process
-    each, as torch_xla starts them: [xla:0 .. xla:N-1], or [xla] (no index) when only torch_xla knows how many.
-    On XLA:CPU (PJRT_DEVICE=CPU) there are CPU_NUM_DEVICES devices (default 1)."""
+    """On XLA devices=1 is one device in this process; N and -1 ("auto" outside a notebook) are every device of
+    this host, one process each, as torch_xla starts them: [xla:0 .. xla:N-1], or [xla] (no index) for -1, as
+    only torch_xla knows how many there are."""
     if isinstance(wanted, list) or wanted == 0:
         raise ValueError(f"devices={devices!r} on TPUs: torch_xla chooses the devices itself, so pass 1, the number "
                          "of this host's devices (e.g. 8), -1 or 'auto' (or accelerator='cpu' to train on the CPU).")
     if wanted == -1:
-        if os.environ.get("PJRT_DEVICE", "").upper() != "CPU":
-            return [torch.device("xla")]
-        wanted = int(os.environ.get("CPU_NUM_DEVICES", "1"))
+        return [torch.device("xla")]
     return [torch.device("xla", index) for index in range(wanted)]
 
 

@@ -7,6 +7,9 @@ These run where torch_xla is installed: in CI, in the environment scripts/instal
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,40 +23,13 @@ import torch_xla.debug.metrics as met
 
 torch_xla.device()   # XLA's runtime starts before the first backward here (see docs/tpu.md, "Known limits")
 
+from xla_common import ACCUMULATE, BATCH, CLIP, LR, TOLERANCE, data, largest_difference, net, plain_pytorch
+
 import easyfit
 from easyfit.callbacks import Callback, ModelCheckpoint
 
-TOLERANCE = 1e-5
-ACCUMULATE, CLIP, BATCH, LR = 2, 0.5, 16, 0.05
 XLA_RUN = {"accelerator": "tpu", "devices": 1, "verbose": 0}
-
-
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    """101 samples: an uneven last batch and a last accumulation window of one batch."""
-    x = torch.randn(101, 4, generator=torch.Generator().manual_seed(0))
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-
-
-def net() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
-
-
-def plain_pytorch(optimizer_name: str, epochs: int = 2) -> nn.Module:
-    """The reference on the CPU: batches in order, gradients of 2 batches averaged, clipped to 0.5, then a step."""
-    model, (x, y) = net(), data()
-    optimizer = getattr(torch.optim, optimizer_name)(model.parameters(), lr=LR)
-    starts = list(range(0, len(x), BATCH))
-    for _ in range(epochs):
-        for step, start in enumerate(starts):
-            if step % ACCUMULATE == 0:
-                optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x[start:start + BATCH]), y[start:start + BATCH])
-            (loss / ACCUMULATE).backward()
-            if (step + 1) % ACCUMULATE == 0 or step + 1 == len(starts):
-                nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-                optimizer.step()
-    return model
+SOURCE = str(Path(easyfit.__file__).parents[1])   # the easyfit under test, for the launched scripts
 
 
 def xla_fit(optimizer_name: str, epochs: int = 2, metrics=None, **options) -> easyfit.Model:
@@ -61,11 +37,6 @@ def xla_fit(optimizer_name: str, epochs: int = 2, metrics=None, **options) -> ea
     model.fit(*data(), epochs=epochs, batch_size=BATCH, shuffle=False, gradient_accumulation_steps=ACCUMULATE,
               gradient_clip_val=CLIP, **XLA_RUN, **options)
     return model
-
-
-def largest_difference(first: nn.Module, second: nn.Module) -> float:
-    pairs = zip(first.state_dict().values(), second.state_dict().values())
-    return max((a.cpu() - b.cpu()).abs().max().item() for a, b in pairs)
 
 
 class GraphCounts(Callback):
@@ -172,3 +143,20 @@ def test_auto_strategy_on_tpu_is_xla():
     from easyfit.distributed.connector import connect
     strategy = connect(accelerator="tpu", devices=1)
     assert strategy.name == "xla" and strategy.launcher is None
+
+
+def test_every_device_is_started_by_torch_xla_launch_and_rank_zero_state_comes_back(tmp_path):
+    """devices=-1: one process per XLA device (one on XLA:CPU), started by torch_xla.launch; then a failing one."""
+    script = Path(__file__).parent / "launch_fit.py"
+    environment = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+                   "PYTHONPATH": os.pathsep.join([SOURCE, os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                             timeout=240, env=environment)
+    result = torch.load(tmp_path / "result.pt", weights_only=False)
+    trained = net()
+    trained.load_state_dict(result["net"])
+    assert result["devices"] == {"cpu"} and len(result["loss"]) == 2
+    assert largest_difference(trained, plain_pytorch("Adam")) < TOLERANCE
+    # the second fit's process raised: the caller gets its error and traceback
+    assert process.returncode != 0 and "RankFailedError: rank 0 failed" in process.stderr
+    assert "this net's forward fails in the launched process" in process.stderr

@@ -96,7 +96,8 @@ class XLAStrategy(Strategy):
         if call.external:
             raise ValueError(f"strategy='xla' starts its processes through torch_xla, but this process was started "
                              f"by {call.environment.name}. Run the script with plain python on each TPU host.")
-        if on_xla_cpu() and len(call.devices) > 1:
+        every = call.devices[0].index is None   # every device of this host: CPU_NUM_DEVICES of them on XLA:CPU
+        if on_xla_cpu() and (int(os.environ.get("CPU_NUM_DEVICES", "1")) if every else len(call.devices)) > 1:
             raise ValueError(
                 "several XLA:CPU devices (PJRT_DEVICE=CPU) cannot train: torch_xla "
                 f"{importlib.metadata.version('torch_xla')} runs no collective between them (its first all-reduce "
@@ -163,12 +164,18 @@ class XLAStrategy(Strategy):
             self._eval_copy = (net, copy.deepcopy(net).to(self.root_device))
         return self._eval_copy[1]
 
-    def teardown(self) -> None:
-        """After fit, the net and its optimizer's state back on the CPU: what fit hands back and `model.save`
-        writes is then plain CPU tensors, as before the call."""
+    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
+                  net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
+        back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
         if self._trained is not None:
             move(*self._trained, CPU)
-        self._trained = self._eval_copy = None
+        self._trained = None
+
+    def teardown(self) -> None:
+        """A fit that failed leaves the net on the CPU too."""
+        self.hand_back(None, None, None, None)
+        self._eval_copy = None
 
     # --- data -----------------------------------------------------------------------
     @property
