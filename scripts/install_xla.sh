@@ -2,8 +2,8 @@
 # Build, once per machine, the virtual environment the XLA tests run in: torch_xla 2.9.0 with the torch it pins
 # (2.9.0), beside (never inside) the main environment, whose torch stays as it is.
 #
-# torch_xla 2.9.0 requires exactly torch 2.9.0, and PyPI's torch 2.9.0 for Linux x86-64 is the CUDA build: pip
-# installs its nvidia-* libraries too (about 3 GB; libtorch links against them even where no GPU is used). The
+# torch_xla 2.9.0 requires exactly torch 2.9.0, and PyPI's torch 2.9.0 for Linux x86-64 is the CUDA build, which
+# links against nvidia-* libraries even where no GPU is used (about 3 GB of them are installed: those it loads). The
 # environment is built in $EASYFIT_XLA_VENV (default ~/.cache/easyfit/xla-venv-<version>-py<XY>), marked ready only
 # once complete, and reused from then on (a second run takes a second). The tests run from the repository
 # (python -m pytest puts it on the path), so easyfit itself is not installed there.
@@ -31,13 +31,34 @@ if [[ -f "$ready" ]] && "$venv/bin/python" -c 'import torch_xla, pytest' 2>/dev/
     exit 0
 fi
 
-echo "install_xla.sh: building the torch_xla $TORCH_XLA_VERSION environment at $venv (downloads about 4 GB once)"
+echo "install_xla.sh: building the torch_xla $TORCH_XLA_VERSION environment at $venv (downloads about 3 GB once)"
 start=$SECONDS
 rm -rf "$venv"
 "$PYTHON" -m venv "$venv"
-# one resolve, torch pinned: the requirements of easyfit and of its tests cannot pull in another torch
-"$venv/bin/python" -m pip install --quiet --no-compile "torch==$TORCH_VERSION" "torch_xla==$TORCH_XLA_VERSION" \
-    "torchmetrics>=1.0" "tqdm>=4.60" numpy "pytest>=7" "pytest-timeout>=2"
-PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla; torch_xla.device()'
+py="$venv/bin/python"
+# The packages that require torch come without their requirements, so that pip resolves no other torch and none
+# of the CUDA parts libtorch never loads on a CPU (triton, cusolver, nvrtc, nvtx: 1.2 GB); everything else they
+# require is installed next, by name. Bytecode is compiled on import, for the modules the tests use only.
+"$py" -m pip install --quiet --no-compile --no-deps "torch==$TORCH_VERSION" "torch_xla==$TORCH_XLA_VERSION" \
+    "torchmetrics>=1.0"
+mapfile -t requirements < <("$py" - <<'PY'
+import importlib.metadata
+import re
+
+UNUSED = ("torch", "triton", "nvidia-cusolver", "nvidia-cuda-nvrtc", "nvidia-nvtx")
+for package in ("torch", "torch_xla", "torchmetrics"):
+    for requirement in importlib.metadata.requires(package) or []:
+        name = re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        if "extra ==" not in requirement and not name.startswith(UNUSED):
+            print(requirement)
+PY
+)
+"$py" -m pip install --quiet --no-compile --no-warn-conflicts "${requirements[@]}" "tqdm>=4.60" numpy "pytest>=7" "pytest-timeout>=2"
+# a training step on XLA:CPU proves the environment before it is marked ready
+PJRT_DEVICE=CPU "$py" -c '
+import torch, torch_xla
+net = torch.nn.Linear(2, 1).to(torch_xla.device())
+net(torch.ones(1, 2, device=torch_xla.device())).sum().backward()
+torch_xla.sync()'
 touch "$ready"
 echo "install_xla.sh: built in $((SECONDS - start)) s"

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import traceback
 from typing import Any, Callable
 
-from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.checkpoint import load_checkpoint_file
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import exchange_directory, rank_failure, root_cause
-from easyfit.distributed.launchers.spawn import RESULT_FILE
+from easyfit.distributed.launchers.spawn import RESULT_FILE, run_and_report
 
 
 class XLALauncher(Launcher):
@@ -43,14 +42,9 @@ class XLALauncher(Launcher):
 
 
 def _run_replica(index: int, work: bytes, exchange_dir: str) -> None:
-    """The body of a replica: run, then rank 0 leaves its result in `exchange_dir`; a failing replica leaves its
-    traceback there instead."""
-    try:
+    """The body of a replica (`index` is its global ordinal)."""
+    def run() -> Any:
         function, args, kwargs = pickle.loads(work)
-        result = function(*args, **kwargs)
-        if index == 0:
-            save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
-    except BaseException:
-        with open(os.path.join(exchange_dir, str(index)), "w", encoding="utf-8") as file:
-            file.write(traceback.format_exc())
-        raise
+        return function(*args, **kwargs)
+
+    run_and_report(index, exchange_dir, run)
