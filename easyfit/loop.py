@@ -43,7 +43,8 @@ class LossTracker:
 
     FOLD_EVERY = 1024
 
-    def __init__(self):
+    def __init__(self, fold_every: int = FOLD_EVERY):
+        self.fold_every = fold_every
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
         self.folded_sum: torch.Tensor | float = 0.0
@@ -52,7 +53,7 @@ class LossTracker:
     def add(self, loss: torch.Tensor, size: int) -> None:
         self.losses.append(loss)
         self.sizes.append(size)
-        if len(self.losses) >= self.FOLD_EVERY:
+        if len(self.losses) >= self.fold_every:
             self._fold()
 
     def _fold(self) -> None:
@@ -156,7 +157,7 @@ class Loop:
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         num_batches = batch_count(batches)
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
@@ -201,6 +202,9 @@ class Loop:
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         return self._epoch_logs(tracker)
+
+    def _loss_tracker(self) -> LossTracker:
+        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
@@ -275,7 +279,7 @@ class Loop:
         metrics = self.metrics
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):

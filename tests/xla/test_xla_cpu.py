@@ -27,6 +27,7 @@ from xla_common import ACCUMULATE, BATCH, CLIP, LR, TOLERANCE, data, largest_dif
 
 import easyfit
 from easyfit.callbacks import Callback, ModelCheckpoint
+from easyfit.callbacks.progress import ProgressBar
 
 XLA_RUN = {"accelerator": "tpu", "devices": 1, "verbose": 0}
 SOURCE = str(Path(easyfit.__file__).parents[1])   # the easyfit under test, for the launched scripts
@@ -62,19 +63,21 @@ def test_one_xla_device_trains_as_plain_pytorch_on_the_cpu(optimizer_name):
     assert largest_difference(model.net, plain_pytorch(optimizer_name)) < TOLERANCE
 
 
-@pytest.mark.parametrize("metrics, settled", [(None, 1), (["accuracy"], 2)])
-def test_no_graph_is_compiled_after_the_first_epochs(metrics, settled, capsys):
+@pytest.mark.parametrize("metrics, bar, settled", [(None, False, 1), (["accuracy"], False, 2), (None, True, 1)])
+def test_no_graph_is_compiled_after_the_first_epochs(metrics, bar, settled, capsys):
     """Every step reuses its compiled graph; a fit with metrics compiles once more at the start of epoch 2 (the
-    metrics' reset between epochs, which the first epoch does not have), then nothing."""
+    metrics' reset between epochs, which the first epoch does not have), then nothing. A progress bar reading the
+    running loss after every step adds reads, not graphs."""
     counts = GraphCounts()
-    xla_fit("SGD", epochs=3, callbacks=[counts], metrics=metrics)
+    xla_fit("SGD", epochs=3, callbacks=[counts, *([ProgressBar(refresh_seconds=0)] if bar else [])], metrics=metrics)
     compiled, transfers = counts.compilations, counts.transfers
+    steps = -(-101 // BATCH)
     with capsys.disabled():
-        print(f"\nmetrics={metrics}: XLA graph compilations at the end of epochs 1-3: {compiled} (after epoch 1: "
-              f"{compiled[-1] - compiled[0]}); device-to-host transfers in epochs 2 and 3: "
-              f"{[b - a for a, b in zip(transfers, transfers[1:])]}, for {-(-101 // BATCH)} steps each")
+        print(f"\nmetrics={metrics}, progress bar={bar}: XLA graph compilations at the end of epochs 1-3: {compiled} "
+              f"(after epoch 1: {compiled[-1] - compiled[0]}); device-to-host transfers in epochs 2 and 3: "
+              f"{[b - a for a, b in zip(transfers, transfers[1:])]}, for {steps} steps each")
     assert compiled[-1] == compiled[settled - 1]
-    reads = 1 + bool(metrics)   # the epoch's loss and its metric, not one per step
+    reads = 1 + bool(metrics) + (steps if bar else 0)   # the epoch's loss and its metric (and the bar's reads)
     assert all(b - a == reads for a, b in zip(transfers, transfers[1:]))
 
 

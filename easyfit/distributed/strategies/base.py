@@ -46,6 +46,10 @@ class Strategy:
     handles_accumulation = False
     #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
     handles_clipping = False
+    #: the loop adds each step's loss to the epoch's sum in the step itself, rather than keeping the losses and
+    #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
+    #: compile a graph for each number read
+    sums_losses_per_step = False
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
 

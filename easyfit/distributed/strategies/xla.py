@@ -64,6 +64,7 @@ class XLAStrategy(Strategy):
 
     name = "xla"
     uses_launcher_processes = False
+    sums_losses_per_step = True
 
     def __init__(self):
         require_torch_xla()
