@@ -26,7 +26,9 @@ if [[ "${1:-}" == "--print-python" ]]; then
     exit 0
 fi
 
-if [[ -f "$ready" ]] && "$venv/bin/python" -c 'import torch_xla, pytest' 2>/dev/null; then
+# the marker is written last, after a training step ran there; importing torch_xla to check again would cost as
+# much as the tests' own import (libtorch loads its CUDA libraries: seconds, more on a busy disk)
+if [[ -f "$ready" && -x "$venv/bin/python" ]]; then
     echo "install_xla.sh: torch_xla $TORCH_XLA_VERSION environment ready at $venv"
     exit 0
 fi
