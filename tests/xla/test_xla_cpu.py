@@ -142,10 +142,13 @@ def test_float16_mixed_is_refused_with_bf16_named():
         model.fit(*data(), epochs=1, precision="16-mixed", **XLA_RUN)
 
 
-def test_auto_strategy_on_tpu_is_xla():
+def test_auto_on_tpu_and_a_strategy_object_are_xla():
     from easyfit.distributed.connector import connect
     strategy = connect(accelerator="tpu", devices=1)
     assert strategy.name == "xla" and strategy.launcher is None
+    given = easyfit.strategies.XLA()
+    assert connect(strategy=given, devices=1) is given and given.launcher is None
+    assert type(connect(strategy=easyfit.strategies.XLA(), devices=-1).launcher).__name__ == "XLALauncher"
 
 
 def test_every_device_is_started_by_torch_xla_launch_and_rank_zero_state_comes_back(tmp_path):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +70,11 @@ def test_device_ids_on_tpu_are_refused(devices):
 def test_tpu_devices(devices, interactive, expected):
     accelerator, parsed = parse_devices(devices, "tpu", interactive=interactive)
     assert accelerator == "tpu" and [str(device) for device in parsed] == expected
+
+
+def test_importing_easyfit_and_naming_the_strategy_import_no_torch_xla():
+    code = ("import sys, easyfit, easyfit.strategies; easyfit.strategies.CLASSES['XLA']; "
+            "from easyfit.distributed.strategies import xla; print('torch_xla' in sys.modules)")
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(Path(easyfit.__file__).parents[1])}).stdout
+    assert output.strip() == "False"
