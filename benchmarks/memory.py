@@ -11,12 +11,21 @@ holds (the local slice of a sharded tensor, a ZeRO-3 partition):
   optimizer state  bytes of the optimizer's state (Adam's two moments) after the first step
   step             median wall time of a training step after 3 warm-up steps
 Ratios are against DDP's figures; the table lists rank 0 (rank 1 differs by at most a partition's padding).
+
+    python benchmarks/memory.py --cuda [--strategies single,deepspeed_stage_2,...]
+
+On one CUDA GPU: the peak GPU memory (torch.cuda.max_memory_allocated) of one epoch of the MLP
+2048-4096-4096-2048-10 (33.6 M parameters) with Adam, batch 256, devices=1, each strategy in a fresh process, beside
+a hand-written CUDA loop's, with the bars each strategy must stay under (ratios to the hand-written loop).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -83,11 +92,73 @@ def available(strategy: str) -> bool:
     return package is None or importlib.util.find_spec(package) is not None
 
 
+CUDA_STRATEGIES = ["single", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3",
+                   "deepspeed_stage_2_offload", "deepspeed_stage_3_offload", "fsdp", "fsdp_cpu_offload", "zero",
+                   "ddp_sharded"]
+#: the most peak GPU memory each may hold, as a ratio to the hand-written loop's
+CUDA_BARS = {"deepspeed_stage_1": 1.25, "deepspeed_stage_2": 1.25, "deepspeed_stage_3": 1.5,
+             "deepspeed_stage_2_offload": 0.75, "deepspeed_stage_3_offload": 0.75, "fsdp_cpu_offload": 0.65}
+CUDA_SAMPLES, CUDA_BATCH = 2560, 256
+
+
+def cuda_peak(strategy: str) -> float:
+    """Peak GPU bytes of one epoch under `strategy` ("plain": a hand-written loop), in this process."""
+    torch.manual_seed(0)
+    x, y = torch.randn(CUDA_SAMPLES, 2048), torch.randint(0, 10, (CUDA_SAMPLES,))
+    sizes = [2048, 4096, 4096, 2048, 10]
+    layers = [layer for i in range(4) for layer in (torch.nn.Linear(sizes[i], sizes[i + 1]), torch.nn.ReLU())]
+    net = torch.nn.Sequential(*layers[:-1])
+    torch.cuda.reset_peak_memory_stats()
+    if strategy == "plain":
+        net.cuda()
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+        for start in range(0, CUDA_SAMPLES, CUDA_BATCH):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[start:start + CUDA_BATCH].cuda()),
+                                              y[start:start + CUDA_BATCH].cuda()).backward()
+            optimizer.step()
+    else:
+        backend = easyfit.strategies.DDP(process_group_backend="nccl") if strategy == "ddp" else strategy
+        model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=1e-4))
+        model.fit(x, y, batch_size=CUDA_BATCH, epochs=1, verbose=0, accelerator="gpu", devices=1, strategy=backend)
+    torch.cuda.synchronize()
+    return float(torch.cuda.max_memory_allocated())
+
+
+def cuda_main(strategies: list[str]) -> None:
+    """Each strategy in a fresh interpreter (a backend's buffers and caches must not count for the next)."""
+    def measured(name: str) -> float:
+        done = subprocess.run([sys.executable, __file__, "--cuda-one", name], capture_output=True, text=True)
+        if done.returncode:
+            print(f"{name}: failed\n{done.stderr[-3000:]}")
+            return float("nan")
+        return json.loads(done.stdout.strip().splitlines()[-1])["peak"]
+    plain = measured("plain")
+    print(f"{torch.cuda.get_device_name()}; peak GPU memory of one epoch, 33.6 M-parameter MLP, Adam, batch 256")
+    print(f"{'plain (hand-written loop)':28s} {plain / 1e6:9.0f} MB  1.00x")
+    for name in strategies:
+        if not available(name):
+            continue
+        peak = measured(name)
+        bar = CUDA_BARS.get(name)
+        verdict = "" if bar is None else f"  (bar {bar:.2f}x: {'ok' if peak / plain <= bar else 'OVER'})"
+        print(f"{name:28s} {peak / 1e6:9.0f} MB  {peak / plain:4.2f}x{verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--strategies", default=None)
+    parser.add_argument("--cuda", action="store_true", help="peak memory on one CUDA GPU against plain PyTorch")
+    parser.add_argument("--cuda-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cuda_one:
+        print(json.dumps({"peak": cuda_peak(args.cuda_one)}))
+        return
+    if args.cuda:
+        cuda_main((args.strategies or ",".join(CUDA_STRATEGIES)).split(","))
+        return
+    args.strategies = args.strategies or ",".join(STRATEGIES)
     torch.set_num_threads(1)
     rows = {name: measure(name, args.steps) for name in args.strategies.split(",") if available(name)}
     if easyfit.distributed.environments.launch_identity()[0] != 0:

@@ -5,7 +5,7 @@ In-memory tensors and TensorDatasets are batched by indexing whole batches out o
 """
 from __future__ import annotations
 
-import inspect
+import contextlib
 import math
 import warnings
 from collections.abc import Iterable, Iterator
@@ -101,14 +101,15 @@ class TensorBatches:
         return math.ceil(len(self.sampler) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        indices, tensors = sampler_indices(self.sampler), self.tensors
+        indices = sampler_indices(self.sampler)
         if len(indices) == 0:   # e.g. a rank with no share of a tiny evaluation set: no batches at all
             return
+        # self.tensors is read per batch: the first step may convert them (integer inputs that the net runs as floats)
         if self.on_device:   # indices on the tensors' device: one gather per tensor, no per-step index copy
-            batches = (tuple([t.index_select(0, idx) for t in tensors])
+            batches = (tuple([t.index_select(0, idx) for t in self.tensors])
                        for idx in indices.to(self.device).split(self.batch_size))
         else:
-            batches = (move_to_device(tuple([t[idx] for t in tensors]), self.device)
+            batches = (move_to_device(tuple([t[idx] for t in self.tensors]), self.device)
                        for idx in indices.split(self.batch_size))
         yield from (((batch,) for batch in batches) if self.inputs_only else batches)
 
@@ -119,6 +120,7 @@ class LoaderBatches:
     def __init__(self, loader: Iterable, device: torch.device, source: str = "the training data"):
         self.loader, self.device, self.source = loader, device, source
         self.epochs_started = 0
+        self.targets_to_int64 = False   # set by the first step when a class-index loss gets other integer labels
 
     def set_epoch(self, epoch: int) -> None:
         sampler = getattr(self.loader, "sampler", None)
@@ -136,7 +138,8 @@ class LoaderBatches:
         empty = True
         for batch in self.loader:
             empty = False
-            yield move_to_device(batch, self.device)
+            batch = move_to_device(batch, self.device)
+            yield with_int64_target(batch) if self.targets_to_int64 else batch
         if empty and self.epochs_started > 1:
             raise ValueError(
                 f"{self.source} yielded no batches in epoch {self.epochs_started}: a one-shot iterator or "
@@ -364,61 +367,15 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 
 
-class PredictInputs:
-    """What predict passes to the net from a batch. A tensor is the input; a dict loses its target key; a tuple
-    or list is split as in training ((x, y), (x1, x2, y), (x,)), unless only the whole tuple fits the positional
-    inputs of the net's forward (e.g. forward(x, mask) on batches (x, mask)): then all of it is the input.
-    A tuple that fits neither way is an error; one that fits both ways is split, with a warning."""
-
-    def __init__(self, net: torch.nn.Module):
-        self.net_name = type(net).__name__
-        self.signature, self.counts = forward_inputs(net)
-        self.warned = False
-
-    def __call__(self, batch: Any) -> Any:
-        if isinstance(batch, dict):
-            return split_batch(batch)[0]
-        if not isinstance(batch, (tuple, list)) or len(batch) < 2 or self.counts is None:
-            inputs = split_batch(batch)[0] if isinstance(batch, (tuple, list)) else batch
-            if isinstance(inputs, tuple) and self.counts is not None and not self._fits(len(inputs)):
-                raise ValueError(
-                    f"predict got {len(inputs)} inputs per batch (a list or tuple of arrays holds one array per "
-                    f"input of the net, as in Keras), but {self.net_name}.forward{self.signature} does not take "
-                    f"{len(inputs)}. To predict over a list of batches, make each a tuple, [(x_batch,), ...], or "
-                    "pass a DataLoader.")
-            return inputs
-        whole, split = self._fits(len(batch)), self._fits(len(batch) - 1)
-        if whole and not split:
-            return tuple(batch)
-        if not split:
-            raise ValueError(
-                f"predict got batches of {len(batch)} tensors, but {self.net_name}.forward{self.signature} takes "
-                f"neither {len(batch)} inputs nor {len(batch) - 1} (the batch less a target). Pass batches that "
-                "hold the net's inputs, e.g. predict([x1, x2]) for a net with two inputs.")
-        if whole and not self.warned:
-            self.warned = True
-            warnings.warn(
-                f"predict takes the last of each batch's {len(batch)} tensors as a target and leaves it out, "
-                f"though {self.net_name}.forward{self.signature} could take it as an input. To pass it to the net, "
-                "predict on in-memory inputs (predict([x, mask])) or on batches ((x, mask),).", stacklevel=4)
-        return split_batch(batch)[0]
-
-    def _fits(self, count: int) -> bool:
-        required, most = self.counts
-        return required <= count <= most
-
-
-def forward_inputs(net: torch.nn.Module) -> tuple[str, tuple[int, float] | None]:
-    """(the forward's signature as text, (required, most) positional inputs it takes), or ("(...)", None)."""
-    try:
-        signature = inspect.signature(net.forward)
-    except (TypeError, ValueError):
-        return "(...)", None
-    kinds = [p for p in signature.parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    required = sum(p.default is p.empty and p.kind != p.VAR_POSITIONAL for p in kinds)
-    most = math.inf if any(p.kind == p.VAR_POSITIONAL for p in kinds) else len(kinds)
-    return str(signature), (required, most)
+def with_int64_target(batch: Any) -> Any:
+    """The batch with its target (as `split_batch` finds it) as int64 when it holds integers of another dtype."""
+    target = split_batch(batch)[1]
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.int64:
+        return batch
+    if isinstance(batch, dict):
+        key = next(key for key in TARGET_KEYS if key in batch)
+        return {**batch, key: target.long()}
+    return type(batch)([*batch[:-1], target.long()]) if isinstance(batch, list) else (*batch[:-1], target.long())
 
 
 def batch_length(batch: Any) -> int:
@@ -448,10 +405,24 @@ def peek_first_batch(batches) -> Any:
         return None
     dataset = loader.dataset
     try:
-        with torch.random.fork_rng(devices=[]):   # a dataset's random transforms draw from a copy of the RNG
+        # the loader's own sampler picks the batch; its shuffling and a dataset's random transforms draw from a
+        # copy of the RNG, and a sampler's own generator is restored after
+        with torch.random.fork_rng(devices=[]), _generator_kept(getattr(loader, "sampler", None)):
             if loader.batch_sampler is None:   # no automatic batching: each item is a batch
-                return move_to_device(loader.collate_fn(dataset[0]), batches.device)
-            samples = [dataset[i] for i in range(min(loader.batch_size or 1, len(dataset)))]
-    except (IndexError, KeyError, TypeError, ValueError):   # a dataset not indexed 0..len-1: the loop will tell
+                return move_to_device(loader.collate_fn(dataset[next(iter(loader.sampler))]), batches.device)
+            samples = [dataset[i] for i in next(iter(loader.batch_sampler), [])]
+    except (IndexError, KeyError, TypeError, ValueError, StopIteration):   # the loop will tell
         return None
     return move_to_device(loader.collate_fn(samples), batches.device) if samples else None
+
+
+@contextlib.contextmanager
+def _generator_kept(sampler):
+    """The state of a sampler's own torch.Generator, restored after the block."""
+    generator = getattr(sampler, "generator", None)
+    state = generator.get_state() if isinstance(generator, torch.Generator) else None
+    try:
+        yield
+    finally:
+        if state is not None:
+            generator.set_state(state)

@@ -7,6 +7,9 @@
 | [1, 3] or "1, 3" | devices 1 and 3                        | an error: on CPU devices=N is a count  |
 | "auto"           | every device; 1 in a notebook or REPL  | 1 process                              |
 | 0, "0", [], None | CPU, one process                       | one process                            |
+| "auto_select"    | every CUDA device that takes work      | an error: it picks GPUs                |
+
+`auto_select_gpus=True` with a count picks that many CUDA devices that take work (`find_usable_cuda_devices`).
 
 A number is always a count ("3" included); only a list, or a string with a comma, names device ids.
 On TPUs (accelerator="tpu", torch_xla) devices=1 is one device in this process; N, -1 and "auto" are every device of
@@ -14,9 +17,11 @@ this host, one process each (1 in a notebook or REPL); ids are an error, as torc
 """
 from __future__ import annotations
 
+import json
 import numbers
 import os
 import re
+import subprocess
 import sys
 
 import torch
@@ -26,7 +31,7 @@ from easyfit.validation import closest_name
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 RESOLVED = ("cpu", "cuda", "mps", "tpu")
 LABELS = {"cuda": "CUDA", "mps": "MPS"}
-FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', '-1') or 'auto'"
+FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', '-1'), 'auto' or 'auto_select'"
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -80,16 +85,70 @@ def is_interactive() -> bool:
     return main_file is None or main_file.startswith("<")   # `python -` (code on stdin) names it '<stdin>'
 
 
-def parse_devices(devices, accelerator: str, interactive: bool | None = None) -> tuple[str, list[torch.device]]:
+#: run in a fresh interpreter, so that probing creates no CUDA context in the caller (which forked ranks need)
+PROBE = """
+import json, torch
+usable = {}
+for index in range(torch.cuda.device_count()):
+    try:
+        (torch.ones(1, device=torch.device("cuda", index)) + 1).item()
+        usable[index] = None
+    except RuntimeError as error:
+        usable[index] = str(error).splitlines()[0]
+print(json.dumps(usable))
+"""
+
+
+#: the probe's answer, kept for the rest of the script and for the ranks it starts (they inherit the environment)
+PROBE_VARIABLE = "EASYFIT_CUDA_PROBE"
+
+
+def probe_cuda_devices() -> dict[int, str | None]:
+    """{visible CUDA device index: None if it took an allocation and a kernel, else why not}; probed once per
+    script, so that every rank of a run sees the same answer."""
+    answer = os.environ.get(PROBE_VARIABLE)
+    if answer is None:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            raise RuntimeError(f"probing the CUDA devices failed: {done.stderr.strip().splitlines()[-1:]}")
+        answer = os.environ[PROBE_VARIABLE] = done.stdout.strip().splitlines()[-1]
+    return {int(index): reason for index, reason in json.loads(answer).items()}
+
+
+def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
+    """The indices of `num_devices` CUDA devices (-1: all) that take an allocation and run a kernel, among those
+    CUDA_VISIBLE_DEVICES shows. In the default compute mode a GPU busy with another process still takes work (it is
+    shared, not reserved); in exclusive-process mode, or when it is out of memory or broken, it does not."""
+    if num_devices == 0 or num_devices < -1:
+        raise ValueError(f"num_devices must be a positive count or -1 for all usable devices, got {num_devices}")
+    found = probe_cuda_devices()
+    usable = [index for index, reason in found.items() if reason is None]
+    if num_devices == -1 and usable:
+        return usable
+    if num_devices != -1 and len(usable) >= num_devices:
+        return usable[:num_devices]
+    refused = "; ".join(f"device {index}: {reason}" for index, reason in found.items() if reason is not None)
+    wanted = "at least one" if num_devices == -1 else str(num_devices)
+    raise RuntimeError(f"auto-selecting GPUs: {wanted} usable CUDA device(s) wanted, {len(usable)} of the "
+                       f"{len(found)} visible take work" + (f" ({refused})" if refused else "") + ". Free a GPU, "
+                       "ask for fewer devices, or check CUDA_VISIBLE_DEVICES and the GPUs' compute mode (nvidia-smi).")
+
+
+def parse_devices(devices, accelerator: str, interactive: bool | None = None,
+                  auto_select: bool = False) -> tuple[str, list[torch.device]]:
     """`devices=` (see the module's table) -> (accelerator, the devices of this node, one per process).
 
-    `accelerator` must already be resolved ('cpu', 'cuda', 'mps' or 'tpu'). It comes back as 'cpu' when devices asks for
-    no accelerator device (0, "0", [], None). `interactive` defaults to `is_interactive()`.
+    `accelerator` must already be resolved ('cpu', 'cuda', 'mps' or 'tpu'). It comes back as 'cpu' when devices asks
+    for no accelerator device (0, "0", [], None; not on TPUs). `interactive` defaults to `is_interactive()`.
+    `auto_select` (or devices="auto_select") takes CUDA devices that take work (`find_usable_cuda_devices`) instead of
+    the first ones.
     """
     if accelerator not in RESOLVED:
         raise ValueError(f"parse_devices needs a resolved accelerator ({', '.join(RESOLVED)}); got {accelerator!r}. "
                          "Pass it through resolve_accelerator first.")
     wanted = _read(devices)
+    if wanted == "auto_select" or auto_select:
+        return "cuda", _auto_selected(devices, -1 if wanted in ("auto_select", "auto") else wanted, accelerator)
     if wanted == 0 and accelerator != "tpu":
         return "cpu", [torch.device("cpu")]
     if wanted == "auto":
@@ -120,14 +179,25 @@ def _read(devices) -> int | list[int] | str:
     raise ValueError(f"devices={devices!r} ({type(devices).__name__}) is not understood; pass {FORMS}.")
 
 
+def _auto_selected(devices, wanted: int | list[int], accelerator: str) -> list[torch.device]:
+    if accelerator != "cuda":
+        raise ValueError(f"auto-selecting GPUs (devices={devices!r} / auto_select_gpus=True) picks CUDA devices, but "
+                         f"this call runs on {accelerator!r}; use accelerator='gpu' on a machine with CUDA GPUs, or "
+                         "drop the auto-selection")
+    if isinstance(wanted, list) or wanted == 0:
+        raise ValueError(f"auto_select_gpus=True picks the devices itself, but devices={devices!r} names "
+                         "them; pass a count (devices=2) or -1 for every usable GPU")
+    return [torch.device("cuda", index) for index in find_usable_cuda_devices(wanted)]
+
+
 def _read_text(devices: str) -> int | list[int] | str:
-    """'auto', '3', '-1', '1, 3' -> what they mean."""
+    """'auto', 'auto_select', '3', '-1', '1, 3' -> what they mean."""
     text = devices.strip()
-    if text.lower() == "auto":
-        return "auto"
+    if text.lower() in ("auto", "auto_select"):
+        return text.lower()
     pieces = [piece.strip() for piece in text.split(",")]
     if not all(re.fullmatch(r"-?[0-9]+", piece) for piece in pieces):
-        raise ValueError(f"devices={devices!r} is not understood.{closest_name(text.lower(), ['auto'])} "
+        raise ValueError(f"devices={devices!r} is not understood.{closest_name(text.lower(), ['auto', 'auto_select'])} "
                          f"Pass {FORMS}.")
     if len(pieces) == 1:
         return _count(int(text), devices)

@@ -1,75 +1,192 @@
-"""Before any training work, the first batch of each data source runs once through the net (in eval mode, without
-gradients, on a copy of the RNG state): data the net cannot take, targets that do not suit the loss, a loss that is
-not a scalar and a BatchNorm batch of one are then reported in words, not from deep inside torch.
+"""The first batch of every call, run by the loop as its real first step (`FirstStep`): what would fail there (data
+the net cannot take, targets that do not suit the loss or the metrics, a net returning a tuple to a loss that takes
+one tensor, a loss that is not a scalar, a BatchNorm batch of one) is explained in words before the first optimizer
+step, and no user code runs an extra time. The one exception is fit's validation data: its first batch runs once
+through the net before training (eval mode, no gradients, on a copy of the RNG state; the loss is not called), so
+that validation data the net cannot take is reported before an epoch of training rather than after it.
 
 In-memory data (arrays, tensors, DataFrames) is also brought once to what the net takes, as Keras does:
 - floating inputs and targets become the net's float dtype (float16 or float64 data for a float32 net; float64 under
   precision="64");
 - integer and bool inputs (uint8 images, 0/1 flags, counts) stay as they are when the net runs on them (an
-  nn.Embedding takes integer indices); when it does not but runs on them as floats, they become floats. uint8
-  images are not rescaled: divide them by 255 yourself;
+  nn.Embedding takes integer indices); when the net raises on them, they become floats and the first step runs
+  again (the forward that raised is the only repeated call). uint8 images are not rescaled: divide them by 255;
 - integer class labels of shape (N, 1) for a class-index loss (cross_entropy, nll) become shape (N,).
-Batches from a Dataset, a DataLoader or an iterable are the user's own: a mismatch there is explained, not converted.
+Integer class labels of any integer dtype (int32, int16, uint8, ...) become int64 for a class-index loss, in memory
+and in the batches of a Dataset or DataLoader (lossless). Other mismatches in the user's own batches are explained,
+not converted.
 """
 from __future__ import annotations
 
-import math
-import re
-
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from easyfit.data import PredictInputs, TensorBatches, batch_length, move_to_device, peek_first_batch, split_batch
+from easyfit.data import TensorBatches, move_to_device, peek_first_batch, split_batch
+from easyfit.first_batch_explain import (
+    BATCH_NORMS,
+    check_batch_of_one,
+    check_output_kind,
+    check_scalar_loss,
+    explain,
+    float_dtype,
+)
 from easyfit.loop import _eval_mode, call_net
 from easyfit.losses import CLASS_INDEX_LOSSES, check_class_range, check_targets
+from easyfit.tensors import map_tensors
 
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
-
-def check_fit_data(model, net: nn.Module, train, val) -> None:
-    """The training and validation data's first batches, before the first epoch."""
-    check_first_batch(model, net, train, "the training data", training=True)
+def prepare_fit_data(model, net: nn.Module, train, val) -> None:
+    """Before the first epoch: in-memory data conformed to the net, first steps to run the checks, and the validation
+    data's first batch checked (the one forward pass run ahead of training)."""
+    prepare(model, net, train, "the training data", training=True)
     if val is not None:
-        check_first_batch(model, net, val, "the validation data")
+        prepare(model, net, val, "the validation data")
+        _check_validation_batch(model, net, val)
 
 
-def check_first_batch(model, net: nn.Module, batches, source: str, training: bool = False,
-                      targets: bool = True) -> None:
-    """Conform in-memory data to the net, run its first batch, and explain what would fail in the loop."""
-    net, precision = model.strategy.module_for_eval(net), model.precision
-    if isinstance(batches, TensorBatches):
-        _conform_floats(batches, _data_dtype(net, precision))
-    device = model.strategy.root_device
-    batch = _peek(batches, device)
+def prepare(model, net: nn.Module, batches, source: str, training: bool = False, targets: bool = True) -> None:
+    """Conform in-memory data to the net and give `batches` the `FirstStep` the loop runs as its first batch."""
+    precision = model.precision
+    data = _source(batches)
+    if isinstance(data, TensorBatches):
+        _conform_floats(data, _data_dtype(model.strategy.module_for_eval(net), precision))
+        if targets and isinstance(model.loss_fn, CLASS_INDEX_LOSSES):
+            _class_indices_to_int64(data)
+    batches.first_step = FirstStep(model, batches, source, training, targets)
+
+
+class FirstStep:
+    """Runs the first batch as the loop would, with the checks; the loop then drops it (`batches.first_step`)."""
+
+    def __init__(self, model, batches, source: str, training: bool, targets: bool):
+        self.model, self.batches, self.source = model, batches, source
+        self.training, self.targets = training, targets
+
+    def forward(self, net: nn.Module, inputs):
+        """The net's output on the first batch; in-memory integer inputs become floats when the net raised on them."""
+        norms: list = []
+        hooks = [module.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, m, args[0].shape)))
+                 for name, module in net.named_modules() if self.training and isinstance(module, BATCH_NORMS)]
+        try:
+            output = self._forward(net, inputs)
+        except Exception:
+            if self.training:   # a first batch of one into BatchNorm raises in torch: say why and what to do
+                check_batch_of_one(_source(self.batches), norms, self.source)
+            raise
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if self.training:
+            check_batch_of_one(_source(self.batches), norms, self.source)
+        return output
+
+    def _forward(self, net: nn.Module, inputs):
+        data, precision = _source(self.batches), self.model.precision
+        try:
+            return call_net(net, inputs)
+        except (RuntimeError, TypeError) as error:
+            dtype = _data_dtype(net, precision)
+            if not (isinstance(data, TensorBatches) and _integers_to_floats(data, dtype)):
+                raise explain(error, net, inputs, self.source) from error
+        inputs = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
+        try:
+            return call_net(net, inputs)
+        except (RuntimeError, TypeError) as error:
+            raise explain(error, net, inputs, self.source) from error
+
+    def run(self, net: nn.Module, inputs, target, loss_fn) -> tuple:
+        """(output, target, loss) of the first training or evaluation batch, checked."""
+        output = self.forward(net, inputs)
+        target = self.check_target(output, target, loss_fn)
+        loss = loss_fn(output, target)
+        check_scalar_loss(loss)
+        return output, target, loss
+
+    def check_target(self, output, target, loss_fn):
+        """The target as the loss takes it ((N, 1) labels squeezed, integer labels int64), checked against the
+        output, the loss and the metrics."""
+        if target is None:
+            raise ValueError(f"{self.source} has no targets: pass y to fit, or data whose batches are (x, y) pairs "
+                             "or dicts with a 'y' / 'target' / 'label' key")
+        metrics = self.model.metrics
+        check_output_kind(output, loss_fn, metrics)
+        if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
+            target = self.class_targets(output, target, loss_fn)
+            check_targets(loss_fn, output, target)
+            data = _source(self.batches)
+            if isinstance(data, TensorBatches) and _is_class_index(loss_fn, target) and output.dim() >= 2:
+                check_class_range(loss_fn, output.shape[1], data.tensors[_target_index(data)])   # every label
+            if metrics.pending:
+                metrics.build(output.detach(), target)
+        return target
+
+    def class_targets(self, output: torch.Tensor, target: torch.Tensor, loss_fn) -> torch.Tensor:
+        if not _is_class_index(loss_fn, target):
+            return target
+        data = _source(self.batches)
+        if output.dim() == 2 and target.shape[1:] == (1,) and isinstance(data, TensorBatches):
+            tensors = list(data.tensors)   # (N, 1) in-memory labels: squeezed, as Keras does
+            tensors[_target_index(data)] = tensors[_target_index(data)].view(-1)
+            data.tensors = tuple(tensors)
+            target = target.view(-1)
+        if target.dtype != torch.int64:
+            data.targets_to_int64 = True   # the batches of a loader from now on; in-memory data is int64 already
+            target = target.long()
+        return target
+
+
+def _source(batches):
+    """The batch source under step limits and sample weights (which keep the batches' form)."""
+    while hasattr(batches, "batches") and not isinstance(batches, TensorBatches):
+        batches = batches.batches
+    return batches
+
+
+def _is_class_index(loss_fn, target: torch.Tensor) -> bool:
+    return isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and not target.is_complex()
+
+
+def _target_index(batches: TensorBatches) -> int:
+    """Where the target lies among in-memory tensors: last, or before the sample weights."""
+    return -2 if getattr(batches, "weighted", False) else -1
+
+
+def _class_indices_to_int64(batches: TensorBatches) -> None:
+    tensors, index = list(batches.tensors), _target_index(batches)
+    if batches.inputs_only or len(tensors) < 1 - index:   # inputs, the target (and weights)
+        return
+    if not tensors[index].is_floating_point() and tensors[index].dtype not in (torch.int64, torch.bool):
+        tensors[index] = tensors[index].long()
+        batches.tensors = tuple(tensors)
+
+
+def _check_validation_batch(model, net: nn.Module, val) -> None:
+    """The validation data's first batch (when it can be read ahead): targets present, inputs the net takes,
+    targets the loss takes. One forward pass in eval mode, without gradients, on a copy of the RNG state."""
+    data = _source(val)
+    batch = peek_first_batch(data)
     if batch is None:
         return
-    norms: list[tuple[str, nn.Module, torch.Size]] = []
-    output = _run(net, precision, batches, batch, source, norms, _inputs_rule(net, targets), device)
-    target = split_batch(batch)[1]
-    if training:
-        _check_batch_of_one(batches, norms, source)
-    if targets and target is not None and isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-        _check_loss(model.loss_fn, batches, precision, output, target)
-
-
-def _inputs_rule(net: nn.Module, targets: bool):
-    """How the loop takes a batch's inputs: as in training, or by predict's rule (whose warning the loop gives)."""
-    if targets:
-        return lambda batch: split_batch(batch)[0]
-    rule = PredictInputs(net)
-    rule.warned = True
-    return rule
+    batch = move_to_device(batch, model.strategy.root_device)   # where the backend's loader would put it
+    inputs, target = split_batch(batch[:-1] if getattr(data, "weighted", False) else batch)   # less the weights
+    if target is None:
+        raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "
+                         "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "
+                         "batches are (x, y) pairs.")
+    net, precision = model.strategy.module_for_eval(net), model.precision
+    step = FirstStep(model, val, "the validation data", training=False, targets=True)
+    cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
+        output = step.forward(net, precision.convert_input(inputs))
+    check_output_kind(output, model.loss_fn, model.metrics)
+    if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
+        check_targets(model.loss_fn, output, step.class_targets(output, target, model.loss_fn))
 
 
 # --- conforming in-memory data --------------------------------------------------------------
-def _float_dtype(net: nn.Module) -> torch.dtype:
-    return next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.get_default_dtype())
-
-
 def _data_dtype(net: nn.Module, precision) -> torch.dtype:
     """The dtype in-memory float data is conformed to: the net's, unless the backend casts the inputs itself."""
-    return torch.float32 if precision.casts_inputs else _float_dtype(net)
+    return torch.float32 if precision.casts_inputs else float_dtype(net)
 
 
 def _conform_floats(batches: TensorBatches, dtype: torch.dtype) -> None:
@@ -78,7 +195,9 @@ def _conform_floats(batches: TensorBatches, dtype: torch.dtype) -> None:
 
 def _input_count(batches: TensorBatches) -> int:
     """How many of the tensors are the net's inputs (the last one is the target when there are several)."""
-    return len(batches.tensors) if batches.inputs_only else max(1, len(batches.tensors) - 1)
+    if batches.inputs_only:
+        return len(batches.tensors)
+    return max(1, len(batches.tensors) + _target_index(batches))
 
 
 def _integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:
@@ -89,136 +208,3 @@ def _integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:
     batches.tensors = tuple(t.to(dtype) if i < count and not t.is_floating_point() else t
                             for i, t in enumerate(tensors))
     return True
-
-
-def _peek(batches, device: torch.device):
-    """The first batch (see `peek_first_batch`), on the net's device (where the backend's loader would put it)."""
-    batch = peek_first_batch(batches)
-    return None if batch is None else move_to_device(batch, device)
-
-
-def _run(net: nn.Module, precision, batches, batch, source: str, norms: list, to_inputs, device: torch.device):
-    """The net's output on `batch`; in-memory integer inputs become floats when only floats run."""
-    try:
-        return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
-    except (RuntimeError, TypeError) as error:
-        if not (isinstance(batches, TensorBatches) and _integers_to_floats(batches, _data_dtype(net, precision))):
-            raise _explain(error, net, to_inputs(batch), source) from error
-    batch = _peek(batches, device)
-    try:
-        return _forward(net, precision, to_inputs(precision.convert_input(batch)), norms)
-    except (RuntimeError, TypeError) as error:
-        raise _explain(error, net, to_inputs(batch), source) from error
-
-
-def _forward(net: nn.Module, precision, inputs, norms: list):
-    """One forward pass that changes nothing: no gradients, eval mode, the RNG state restored after it."""
-    norms.clear()
-    hooks = [module.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, m, args[0].shape)))
-             for name, module in net.named_modules() if isinstance(module, BATCH_NORMS)]
-    cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
-    try:
-        with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
-            return call_net(net, inputs)
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def _describe(inputs) -> str:
-    if isinstance(inputs, torch.Tensor):
-        return f"a {str(inputs.dtype).replace('torch.', '')} tensor of shape {tuple(inputs.shape)}"
-    if isinstance(inputs, (tuple, list)):
-        return "inputs " + ", ".join(_describe(item) for item in inputs)
-    if isinstance(inputs, dict):
-        return "inputs " + ", ".join(f"{key}: {_describe(value)}" for key, value in inputs.items())
-    return type(inputs).__name__
-
-
-def _layer(net: nn.Module, kinds, **attributes) -> str:
-    """The name of the first layer of `kinds` with those attributes, as a phrase ('' when none matches)."""
-    for name, module in net.named_modules():
-        if isinstance(module, kinds) and all(getattr(module, key) == value for key, value in attributes.items()):
-            return f"its layer {name or 'net'!r} ({type(module).__name__})"
-    return "the net"
-
-
-def _explain(error: Exception, net: nn.Module, inputs, source: str) -> Exception:
-    """torch's error on the first batch, in words, when it is one of the usual data mistakes; else the error."""
-    text, data = str(error).split("\n")[0], _describe(inputs)
-    widths = re.search(r"shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", text)
-    if widths:
-        got, expected = int(widths[2]), int(widths[3])
-        flatten = (" nn.Linear acts on the last dimension: flatten images first (nn.Flatten())."
-                   if isinstance(inputs, torch.Tensor) and inputs.dim() > 2 else "")
-        return ValueError(f"{source} does not fit the net: {_layer(net, nn.Linear, in_features=expected)} expects "
-                          f"{expected} features per sample, but the data has {got} ({data}). Pass data with "
-                          f"{expected} features, or build the layer as nn.Linear({got}, ...).{flatten}")
-    channels = re.search(r"to have (\d+) channels, but got (\d+) channels", text)
-    if channels:
-        expected, got = int(channels[1]), int(channels[2])
-        layout = (" The data looks channels-last: use x.permute(0, 3, 1, 2)."
-                  if isinstance(inputs, torch.Tensor) and inputs.shape[-1] == expected else "")
-        return ValueError(f"{source} does not fit the net: {_layer(net, nn.modules.conv._ConvNd, in_channels=expected)}"
-                          f" expects {expected} channels, but the data has {got} ({data}); images are (batch, "
-                          f"channels, height, width).{layout}")
-    if re.search(r"dtype|scalar type|Input type|should be the same|but found", text):
-        return TypeError(f"the net cannot run on {source} ({data}): its parameters are "
-                         f"{str(_float_dtype(net)).replace('torch.', '')} ({text}). Convert the inputs where they "
-                         "are made, e.g. x.float() in your Dataset (uint8 images: x.float() / 255), or pass arrays "
-                         "or tensors, which easyfit converts itself.")
-    return error
-
-
-# --- what the loop would meet ---------------------------------------------------------------
-def _check_loss(loss_fn, batches, precision, output: torch.Tensor, target: torch.Tensor) -> None:
-    if isinstance(batches, TensorBatches) and isinstance(loss_fn, CLASS_INDEX_LOSSES) \
-            and not target.is_floating_point() and output.dim() == 2 and target.shape[1:] == (1,):
-        batches.tensors = (*batches.tensors[:-1], batches.tensors[-1].view(-1))   # (N, 1) labels: as Keras
-        target = target.view(-1)
-    check_targets(loss_fn, output, target)
-    if isinstance(batches, TensorBatches) and isinstance(loss_fn, CLASS_INDEX_LOSSES) \
-            and not target.is_floating_point() and output.dim() >= 2:
-        check_class_range(loss_fn, output.shape[1], batches.tensors[-1])   # every label, not only the first
-    with torch.no_grad(), precision.autocast():
-        loss = loss_fn(output, target)
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(f"the loss must return one number (a scalar tensor) to train on; it returned {got}. "
-                         "Average it: reduction='mean' for a torch loss, or return loss.mean() from your function.")
-
-
-def _check_batch_of_one(batches, norms: list, source: str) -> None:
-    """BatchNorm over (batch, features) cannot train on a batch of one sample: say so before the epoch that has one."""
-    norm = next(((name, module) for name, module, shape in norms if math.prod(shape[2:]) == 1), None)
-    sizes = _batch_sizes(batches)
-    if norm is None or sizes is None or 1 not in sizes[0]:
-        return
-    (name, module), (_, samples, batch_size) = norm, sizes
-    better = next((b for step in range(1, batch_size + 2) for b in (batch_size + step, batch_size - step)
-                   if b > 1 and samples % b != 1), None)
-    if better is None:
-        fix = "Train on at least 2 samples"
-    elif batch_size == 1:
-        fix = "Use batch_size=2 or more"
-    else:
-        fix = (f"Use a batch_size that leaves a larger last batch (e.g. {better}), or drop the short last batch: "
-               f"pass DataLoader(dataset, batch_size={batch_size}, shuffle=True, drop_last=True)")
-    raise ValueError(f"{source} has a batch of 1 sample ({samples} samples in batches of {batch_size}), and "
-                     f"{type(module).__name__} {name!r} cannot normalise a single sample in training. {fix}.")
-
-
-def _batch_sizes(batches) -> tuple[set[int], int, int] | None:
-    """(the batch sizes of an epoch, samples, batch_size) when they are known before the epoch, else None."""
-    loader = getattr(batches, "loader", None)
-    if isinstance(loader, (list, tuple)):
-        lengths = [batch_length(batch) for batch in loader]
-        return set(lengths), sum(lengths), max(lengths, default=0)
-    if isinstance(batches, TensorBatches):
-        samples, size, drop_last = len(batches.sampler), batches.batch_size, False
-    elif isinstance(loader, DataLoader) and loader.batch_size is not None and hasattr(loader.sampler, "__len__"):
-        samples, size, drop_last = len(loader.sampler), loader.batch_size, loader.drop_last
-    else:
-        return None
-    last = samples % size
-    return {size} | ({last} if last and not drop_last else set()), samples, size

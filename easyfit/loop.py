@@ -9,11 +9,11 @@ from typing import Any, Callable
 import torch
 
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import PredictInputs, batch_count, batch_length, peek_first_batch, split_batch
+from easyfit.data import batch_count, batch_length, peek_first_batch, split_batch
 from easyfit.lockstep import in_lockstep
-from easyfit.losses import check_targets
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
+from easyfit.predict_inputs import PredictInputs
 from easyfit.tensors import map_tensors
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
@@ -74,8 +74,9 @@ class LossTracker:
     def global_mean(self, strategy) -> float:
         """The mean over every sample seen by every process."""
         total, count = self.totals()
-        count = torch.tensor(float(count), dtype=torch.float64, device=total.device)
-        summed, seen = strategy.reduce(torch.stack([total, count]).to(strategy.root_device), "sum").tolist()
+        device = strategy.root_device
+        count = torch.tensor(float(count), dtype=torch.float64, device=device)
+        summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
         if not seen:   # one read back to the host for both numbers: a device sync, once per epoch
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
         return summed / seen
@@ -123,7 +124,6 @@ class Loop:
         self.settings = settings or TrainingSettings()
         self.warmup = warmup
         self.loss_fn = model.loss_fn
-        self.targets_checked = False
         self.batches_checked = False
         self.train_batches = None
         self.optimizer_steps = 0
@@ -168,6 +168,7 @@ class Loop:
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
+        first_step = getattr(batches, "first_step", None)
         with strategy.uneven_inputs(net) if uneven else SYNC:
             for step, batch in enumerate(strategy.feed(remaining), first):
                 if batch_begin:
@@ -176,10 +177,12 @@ class Loop:
                 boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
                 with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
                     with autocast:
-                        output = call_net(net, inputs)
-                        if not self.targets_checked:
-                            self._check_first_batch(output, target)
-                        loss = loss_fn(output, target)
+                        if first_step is None:
+                            output = call_net(net, inputs)
+                            loss = loss_fn(output, target)
+                        else:   # the checks of the first batch run in its real step (see easyfit.first_batch)
+                            output, target, loss = first_step.run(net, inputs, target, loss_fn)
+                            first_step = batches.first_step = None
                     if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                         strategy.zero_grad(optimizer)
                     strategy.backward(loss / divisor if divisor > 1 else loss, precision)
@@ -241,13 +244,6 @@ class Loop:
         logs.update(metrics.compute(strategy.metric_sync_fn() if sync else None))
         return logs
 
-    def _check_first_batch(self, output, target) -> None:
-        if target is None:
-            raise ValueError("the batches have no target: pass y to fit, or data whose batches are (x, y) pairs "
-                             "or dicts with a 'y' / 'target' / 'label' key")
-        check_targets(self.loss_fn, output, target)
-        self.targets_checked = True
-
     def _optimizer_step(self) -> None:
         settings, optimizer = self.settings, self.optimizer
         if self.warmup is not None:
@@ -291,10 +287,13 @@ class Loop:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
                 with precision.autocast():
-                    output = call_net(net, inputs)
-                    if not self.targets_checked:
-                        self._check_first_batch(output, target)
-                    loss = self.loss_fn(output, target)
+                    first_step = getattr(batches, "first_step", None)
+                    if first_step is None:
+                        output = call_net(net, inputs)
+                        loss = self.loss_fn(output, target)
+                    else:
+                        output, target, loss = first_step.run(net, inputs, target, self.loss_fn)
+                        batches.first_step = None
                 size = batch_length(target)
                 tracker.add(loss.detach(), size)
                 if metrics:
@@ -322,7 +321,12 @@ class Loop:
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
                 with precision.autocast():
-                    output = call_net(net, inputs)
+                    first_step = getattr(batches, "first_step", None)
+                    if first_step is None:
+                        output = call_net(net, inputs)
+                    else:
+                        output = first_step.forward(net, inputs)
+                        batches.first_step = None
                 outputs.append(_to_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
             callbacks.call("on_predict_end", None)

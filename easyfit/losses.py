@@ -1,6 +1,7 @@
 """Loss functions by name, with a first-batch check that the targets suit the loss."""
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -61,9 +62,25 @@ def resolve_loss(loss) -> Callable:
         raise TypeError(f"loss={loss.__name__} is a class; pass an instance, loss={loss.__name__}(), "
                         "or a name such as 'cross_entropy'")
     if callable(loss):
+        _check_takes_output_and_target(loss)
         return loss
     raise TypeError("loss must be a name, an nn.Module or a callable (output, target) -> tensor; "
                     f"got {type(loss).__name__}")
+
+
+def _check_takes_output_and_target(loss: Callable) -> None:
+    """A loss is called as loss(output, target): say so now if it cannot be (not after the first forward pass)."""
+    try:
+        signature = inspect.signature(loss)
+    except (TypeError, ValueError):   # a builtin without a signature: the first step will tell
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(loss, "__name__", type(loss).__name__)
+        raise TypeError(f"the loss is called as loss(output, target), but {name}{signature} cannot take those two "
+                        "arguments. Give it that form, e.g. loss=lambda output, target: my_loss(output, target, "
+                        "...), or a name such as 'cross_entropy'.") from None
 
 
 def check_targets(loss_fn: Callable, output, target) -> None:
@@ -82,10 +99,6 @@ def check_targets(loss_fn: Callable, output, target) -> None:
             f"train; the net returned shape {tuple(output.shape)}. For regression use loss='mse' (or 'mae', "
             "'huber'); for a binary task with one logit use loss='bce_with_logits' and float 0/1 targets; for "
             "classes give the net one output per class.")
-    if isinstance(loss_fn, CLASS_INDEX_LOSSES) and target.dtype not in (torch.int64, torch.uint8) \
-            and not target.is_floating_point():
-        raise TypeError(f"{name} expects int64 class indices as targets; got {target.dtype}. "
-                        "Convert them with y.long() (or y.astype('int64') in numpy).")
     if isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and output.dim() < 2:
         raise ValueError(f"{name} needs one output per class (shape [batch, classes]); the net returned shape "
                          f"{tuple(output.shape)}. For a single-logit binary output use 'bce_with_logits'.")

@@ -66,8 +66,11 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)'."""
     factor = strategy.batch_factor
     text = f"effective batch {batch_size * factor} = {batch_size} × {factor} {strategy.describe_batch_factor()}"
-    if getattr(strategy, "auto_reason", None):
-        text = f"{strategy.auto_reason}; {text}"
+    for note in (getattr(strategy, "selection_note", None), getattr(strategy, "auto_reason", None)):
+        if note:
+            text = f"{note}; {text}"
+    if strategy.describe_setup():
+        text = f"{text}; {strategy.describe_setup()}"
     lrs = [group["lr"] for group in optimizer.param_groups]
     if multiplier == 1.0:
         return f"{text}; lr {_fmt(lrs)} (not scaled)"

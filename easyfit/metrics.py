@@ -162,8 +162,15 @@ class MetricSet:
 
     def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
         """Create the named metrics for this task, on the output's device (first batch only)."""
-        classification = any(METRICS[key].classification for key in self.pending.values())
+        classification = [name for name, key in self.pending.items() if METRICS[key].classification]
         task = infer_task(output, target, self.loss_fn) if classification else Task("regression", 0, OUTPUTS[0], False)
+        if task.name == "binary" and target.numel() and not bool(((target == 0) | (target == 1)).all()):
+            value = target[(target != 0) & (target != 1)].flatten()[0].item()
+            raise ValueError(f"the classification metrics {', '.join(map(repr, classification))} need 0/1 labels as "
+                             "targets of a one-column output, but the targets hold "
+                             f"{str(target.dtype).replace('torch.', '')} values such as {value:.4g}: a regression "
+                             "task? Use regression metrics ('mae', 'mse', 'rmse', 'r2') for such targets, or give "
+                             "class targets: 0/1 labels, or class indices with one output per class.")
         self._build(task, output.device)
 
     def _build(self, task: Task, device: torch.device) -> None:

@@ -16,10 +16,12 @@ from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
+from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.construction import check_call, prepare_for_state
-from easyfit.first_batch import check_first_batch, check_fit_data
+from easyfit.distributed.unused_parameters import explain_unused_parameters
+from easyfit.first_batch import prepare, prepare_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.losses import resolve_loss
 from easyfit.lr_scaling import (
@@ -32,7 +34,7 @@ from easyfit.lr_scaling import (
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
 from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
-from easyfit.precision import Precision
+from easyfit.precision import Precision, parse_precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
@@ -285,7 +287,8 @@ class Model:
             self.position = EpochPosition.from_state(state.get("position"))
             torch.set_rng_state(state["rng"].cpu())
             if state.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda_rng"])
+                for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
+                    torch.cuda.set_rng_state(device_state.cpu(), index)
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
@@ -293,16 +296,21 @@ class Model:
         training_memory = estimate(self.net, self.optimizer) if method == "_fit_in_process" else None
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
-                           training_memory=training_memory)
+                           training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
         check_call(self.net, method, strategy.trains_built_sharded)
+        strategy.check_precision(parse_precision(run.precision or self._precision.name))
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
-        if state is not None:   # the ranks trained copies: bring rank 0's state back into the caller's objects
+        if state is None:
+            return result
+        reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
+        if method == "_fit_in_process":   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
             options = inputs["options"]
             self._fit_callbacks(options, is_global_zero=True).load_state_dict(state["callbacks"])
+            restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history
         return result
 
@@ -313,13 +321,23 @@ class Model:
         if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
             self._identity = (strategy.global_rank, strategy.world_size)
         self._precision = strategy.precision_plugin(self._precision, run.precision)
+        launcher = strategy.launcher
+        hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
         try:
-            result = getattr(self, method)(run, **inputs)
-            launcher = strategy.launcher
-            hand_back = (method == "_fit_in_process" and launcher is not None
-                         and not launcher.rank_zero_in_caller and strategy.is_global_zero)
+            with recorded_warnings(hand_back) as caught:
+                result = getattr(self, method)(run, **inputs)
+            if not hand_back:
+                return result, None
+            if method != "_fit_in_process":
+                return result, {"warnings": caught}
             # a History refers to the whole Model: the caller rebuilds its own from the state instead
-            return (None, self.checkpoint_state()) if hand_back else (result, None)
+            return None, {**self.checkpoint_state(), "warnings": caught,
+                          "callback_attributes": callback_attributes(inputs["options"].callbacks)}
+        except RuntimeError as error:   # DDP's unused-parameter error, with the parameters' names and the fix
+            explained = explain_unused_parameters(error, self.net)
+            if explained is None:
+                raise
+            raise explained from error
         finally:
             strategy.teardown()
 
@@ -364,7 +382,6 @@ class Model:
 
     def _train(self, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
         strategy, optimizer = self.strategy, objects.optimizer
-        check_fit_data(self, objects.net, train, val)
         multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
         with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
             self._lr_multiplier = multiplier
@@ -381,6 +398,7 @@ class Model:
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
             self.stop_training = False
+            prepare_fit_data(self, objects.net, train, val)   # after a resume: a bad checkpoint runs no forward
             try:
                 Loop(self, strategy, callbacks, objects, settings, warmup).fit(
                     train, val, options.epochs, initial_epoch, options.validation_freq)
@@ -412,6 +430,7 @@ class Model:
         return {
             "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
             "validation_freq": options.validation_freq,
+            "validation": options.validation_data is not None or bool(options.validation_split),
             "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
             "effective_batch_size": options.batch_size * strategy.batch_factor,
             "steps_per_epoch": steps_per_epoch,
@@ -432,7 +451,7 @@ class Model:
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
         loop = self._eval_loop(verbose, callbacks)
-        check_first_batch(self, self.net, batches, "the evaluation data")
+        prepare(self, self.net, batches, "the evaluation data")
         return loop.evaluate(batches)
 
     def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
@@ -441,7 +460,7 @@ class Model:
                                num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                                float_dtype=self._precision.float_dtype)
         loop = self._eval_loop(verbose, callbacks)
-        check_first_batch(self, self.net, batches, "the data", targets=False)
+        prepare(self, self.net, batches, "the data", targets=False)
         outputs = loop.predict(batches)
         tensors = all(isinstance(output, torch.Tensor) for output in outputs)
         if strategy.world_size == 1 or not getattr(batches, "sharded", False):
@@ -450,7 +469,7 @@ class Model:
             raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "
                             f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
                             "predict with strategy='single' (or devices=1) instead")
-        local = torch.cat(outputs) if outputs else torch.empty(0)
+        local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
         return interleave(strategy.all_gather(local))
 
 

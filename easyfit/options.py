@@ -13,6 +13,7 @@ class RunOptions:
     """Where and how a fit / evaluate / predict call runs (accepted by all three)."""
     devices: Any = "auto"
     accelerator: str = "auto"
+    auto_select_gpus: bool = False
     strategy: Any = "auto"
     num_nodes: int = 1
     process_group_backend: str | None = None

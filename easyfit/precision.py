@@ -22,6 +22,15 @@ def parse_precision(precision: Any) -> str:
     return key
 
 
+def cpu_supports_fp16() -> bool:
+    """Whether this CPU has native float16 kernels (oneDNN's AVX512-FP16 / AMX-FP16), which DeepSpeed requires for
+    fp16 on a CPU; torch's autocast runs float16 on any CPU."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class Precision:
     """What a precision setting changes in the step: input dtype, autocast, and loss scaling."""
 

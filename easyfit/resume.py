@@ -20,7 +20,10 @@ class EpochPosition:
 
     @classmethod
     def from_state(cls, state: dict | None) -> EpochPosition:
-        return cls(state["batches_done"], state["rng"], tuple(state["loss"])) if state else cls()
+        if not state:
+            return cls()
+        # RNG states are CPU byte tensors, wherever the checkpoint was loaded to (map_location)
+        return cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]))
 
     def state_dict(self) -> dict | None:
         """None at an epoch boundary; else what `from_state` needs to resume at the next batch."""
@@ -38,7 +41,7 @@ class EpochPosition:
             return batches, 0
         self.resuming = False
         self._check(batches, accumulate, epoch)
-        tracker.folded_sum, tracker.folded_count = torch.tensor(self.loss[0], dtype=torch.float64), self.loss[1]
+        tracker.folded_sum, tracker.folded_count = float(self.loss[0]), self.loss[1]
         return self._skip(batches), self.batches_done
 
     def end(self) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit.data import move_to_device
+from easyfit.data import as_tensor, move_to_device
 from easyfit.loop import call_net
 
 HEADERS = ("Layer (module path)", "Type", "Output shape", "Param #")
@@ -55,12 +55,30 @@ def _output_shapes(net: nn.Module, modules: list[nn.Module], input_example: Any)
     try:
         net.eval()
         with torch.no_grad():
-            call_net(net, move_to_device(input_example, device))
+            call_net(net, move_to_device(_as_tensors(input_example, net), device))
     finally:
         net.train(was_training)
         for handle in handles:
             handle.remove()
     return shapes
+
+
+def _as_tensors(example: Any, net: nn.Module) -> Any:
+    """numpy arrays (alone, in a tuple or list, or as dict values) as tensors, floats in the net's float dtype:
+    summary takes what fit takes."""
+    dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.get_default_dtype())
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) or not hasattr(value, "__array__"):
+            return value
+        tensor = as_tensor(value, "input_example", dtype)
+        return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    if isinstance(example, (tuple, list)):
+        return type(example)(convert(item) for item in example)
+    if isinstance(example, dict):
+        return {key: convert(value) for key, value in example.items()}
+    return convert(example)
 
 
 def _describe(output: Any) -> str:

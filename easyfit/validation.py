@@ -36,6 +36,8 @@ def check_not_a_path(data, name: str) -> None:
 
 def check_model_arguments(optimizer, metrics, lr) -> None:
     """Model(...) arguments that would be ignored or fail later: lr beside a built optimizer, a metric class."""
+    if lr is not None and isinstance(optimizer, str):
+        check_positive_number(lr, "lr", f"a positive number (the learning rate of {optimizer!r}, e.g. 1e-3)")
     if lr is not None and not isinstance(optimizer, str):
         raise ValueError(f"lr={lr!r} applies only to an optimizer given by name, but this optimizer "
                          f"({type(optimizer).__name__}) sets its own learning rate. Set it there, e.g. "

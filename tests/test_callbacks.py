@@ -211,8 +211,8 @@ def test_model_checkpoint_every_n_batches(regression, tmp_path):
 
 
 def test_model_checkpoint_explains_an_unknown_field(regression, tmp_path):
-    with pytest.raises(ValueError, match=r"cannot fill in the filepath .*\{val_acc\}.*fields: loss, epoch"):
-        sgd_model().fit(*regression, epochs=1, verbose=0, callbacks=[ModelCheckpoint(tmp_path / "{val_acc}.pt")])
+    with pytest.raises(ValueError, match=r"cannot fill in the filepath .*\{acc\}.*fields: loss, epoch"):
+        sgd_model().fit(*regression, epochs=1, verbose=0, callbacks=[ModelCheckpoint(tmp_path / "{acc}.pt")])
     with pytest.raises(ValueError, match="save_freq must be 'epoch' or a positive number"):
         ModelCheckpoint("x.pt", save_freq=0)
 

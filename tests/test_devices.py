@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from easyfit import devices as devices_module
 from easyfit.devices import device_count, is_interactive, parse_devices, resolve_accelerator
 
 CPU = torch.device("cpu")
@@ -235,3 +236,49 @@ def test_is_interactive_in_real_interpreters(tmp_path):
                                text=True, timeout=50)
     assert from_file.stdout.strip() == "False", from_file.stderr
     assert from_repl.stdout.strip() == "True", from_repl.stderr
+
+
+# --- auto-selecting GPUs ------------------------------------------------------------------
+@pytest.fixture
+def probed(monkeypatch, gpus):
+    """Pretend the probe found device 0 refusing work (exclusive mode, busy) and devices 1, 2 and 3 usable."""
+    answer = {0: "CUDA error: all CUDA-capable devices are busy or unavailable", 1: None, 2: None, 3: None}
+    gpus(4)
+    monkeypatch.setattr(devices_module, "probe_cuda_devices", lambda: answer)
+
+
+def test_auto_select_takes_usable_devices_only(probed):
+    assert parse_devices(2, "cuda", auto_select=True) == ("cuda", cuda(1, 2))
+    assert parse_devices("auto_select", "cuda") == ("cuda", cuda(1, 2, 3))
+    assert parse_devices(-1, "cuda", auto_select=True) == ("cuda", cuda(1, 2, 3))
+    assert devices_module.find_usable_cuda_devices(3) == [1, 2, 3]
+
+
+def test_auto_select_says_why_when_too_few_devices_take_work(probed):
+    with pytest.raises(RuntimeError, match=r"4 usable CUDA device\(s\) wanted, 3 of the 4 visible take work "
+                                           r"\(device 0: CUDA error: all CUDA-capable devices are busy"):
+        parse_devices(4, "cuda", auto_select=True)
+    with pytest.raises(ValueError, match=r"picks the devices itself, but devices=\[0, 1\] names them"):
+        parse_devices([0, 1], "cuda", auto_select=True)
+    with pytest.raises(ValueError, match=r"picks CUDA devices, but this call runs on 'cpu'"):
+        parse_devices("auto_select", "cpu")
+
+
+def test_the_summary_line_names_the_auto_selected_devices(probed):
+    from easyfit.distributed.connector import connect
+    from easyfit.lr_scaling import describe
+    strategy = connect("ddp", devices=2, accelerator="gpu", auto_select_gpus=True)
+    assert [device.index for device in strategy.parallel_devices] == [1, 2]
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    assert describe(8, strategy, "linear", optimizer, 2.0).startswith("auto-selected CUDA devices 1, 2; ")
+
+
+def test_the_real_probe_runs_in_a_fresh_interpreter_and_is_kept_for_the_ranks(monkeypatch):
+    monkeypatch.setenv(devices_module.PROBE_VARIABLE, "{}")
+    monkeypatch.delenv(devices_module.PROBE_VARIABLE)   # restored (unset) after the test
+    found = devices_module.probe_cuda_devices()
+    assert len(found) == torch.cuda.device_count()
+    assert os.environ[devices_module.PROBE_VARIABLE]   # the ranks this script starts inherit the answer
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(RuntimeError, match="at least one usable CUDA device"):
+            devices_module.find_usable_cuda_devices()

@@ -108,12 +108,6 @@ def test_an_error_inside_evaluate_or_predict_leaves_the_net_in_training_mode(met
     assert net.training
 
 
-def test_int32_targets_for_cross_entropy(make_net, classification):
-    x, y = classification
-    message = fit_error(make_net, x.numpy(), y.int().numpy(), error_type=TypeError)
-    assert "int64 class indices" in message and "int32" in message and "astype('int64')" in message
-
-
 def test_top5_accuracy_needs_five_outputs(make_net, classification):
     model = easyfit.Model(make_net(), metrics=["top5_accuracy"])
     message = error_message(ValueError, model.evaluate, *classification, verbose=0)

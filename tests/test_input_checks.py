@@ -12,10 +12,12 @@ from easyfit.callbacks import Callback
 
 
 class CountSteps(Callback):
+    """Counts the training steps that finished (the checks of the first batch run inside its step)."""
+
     def __init__(self):
         self.steps = 0
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
 
 

@@ -71,7 +71,8 @@ def test_after_fit_the_net_runs_inference_as_predict_does(digits):
     assert not net.training
     with torch.no_grad():
         direct = net(torch.as_tensor(x)).numpy()
-    np.testing.assert_array_equal(direct, model.predict(x))
+    # one batch of 1,797 against batches of 32: kernels of other sizes may round differently
+    np.testing.assert_allclose(direct, model.predict(x), atol=1e-6, rtol=0)
 
 
 def test_get_and_set_weights_round_trip_every_parameter_and_buffer(digits):
@@ -106,7 +107,7 @@ def test_save_weights_writes_a_file_a_plain_net_loads(tmp_path, digits):
     plain = digits_net(seed=1)
     plain.load_state_dict(torch.load(tmp_path / "w.pt"))
     plain.eval()
-    np.testing.assert_array_equal(plain(torch.as_tensor(x)).detach().numpy(), model.predict(x))
+    np.testing.assert_allclose(plain(torch.as_tensor(x)).detach().numpy(), model.predict(x), atol=1e-6, rtol=0)
     fresh = easyfit.Model(digits_net(seed=2))
     fresh.load_weights(tmp_path / "w.pt")
     np.testing.assert_array_equal(fresh.predict(x), model.predict(x))

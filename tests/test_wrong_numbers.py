@@ -1,6 +1,8 @@
 """Calls that used to give wrong numbers without a word: each now gives the right number or a clear error."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -133,13 +135,20 @@ def test_predict_on_batches_that_are_the_nets_inputs(masked_inputs):
     torch.testing.assert_close(model.predict(TensorDataset(x, mask, y), batch_size=8), expected)
 
 
-def test_predict_warns_when_a_batch_could_be_inputs_or_inputs_and_target(masked_inputs):
+def test_predict_passes_a_whole_batch_the_net_can_take_as_its_inputs(masked_inputs):
+    """forward(x, mask=None) on TensorDataset(x, mask): the mask is an input, not a target (there are none in
+    predict unless the data names them)."""
     x, mask = masked_inputs
     net = Masked(mask_default=True)
-    with pytest.warns(UserWarning, match=r"predict\(\[x, mask\]\)"):
-        predictions = easyfit.Model(net).predict(TensorDataset(x, mask))
-    torch.testing.assert_close(predictions, net(x).detach())
-    torch.testing.assert_close(easyfit.Model(net).predict([((x, mask),)]), net(x, mask).detach())
+    expected = net(x, mask).detach()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(easyfit.Model(net).predict(TensorDataset(x, mask)), expected)
+        torch.testing.assert_close(easyfit.Model(net).predict(DataLoader(TensorDataset(x, mask), batch_size=8)),
+                                   expected)
+    torch.testing.assert_close(easyfit.Model(net).predict([((x, mask),)]), expected)
+    named = [{"x": x, "mask": mask, "y": torch.zeros(len(x))}]   # a dict names its target: left out
+    torch.testing.assert_close(easyfit.Model(net).predict(named), expected)
 
 
 def test_predict_refuses_batches_that_cannot_be_the_nets_inputs(masked_inputs, make_net):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import string
 
 from easyfit.callbacks.base import Callback
 from easyfit.callbacks.monitor import Monitor, skips_validation
@@ -52,6 +54,15 @@ class ModelCheckpoint(Callback):
 
     def state_key(self) -> str:
         return f"ModelCheckpoint(filepath={self.filepath!r}, monitor={self.monitor.name!r})"
+
+    def on_train_begin(self, logs=None):
+        fields = {re.split(r"[.\[]", name)[0] for _, name, _, _ in string.Formatter().parse(self.filepath) if name}
+        validation_only = sorted(field for field in fields if field.startswith("val_"))
+        if validation_only and not self.params.get("validation", True):
+            raise ValueError(f"ModelCheckpoint's filepath {self.filepath!r} uses {', '.join(validation_only)}, which "
+                             "only validation provides, but this fit has no validation data. Pass validation_data= "
+                             "or validation_split= to fit, or use training values in the name, e.g. {epoch:02d} "
+                             "or {loss:.3f}.")
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

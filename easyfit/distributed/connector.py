@@ -16,32 +16,13 @@ Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Callable
 
-import torch
-
-from easyfit.devices import is_interactive, parse_devices, resolve_accelerator
 from easyfit.distributed import memory
-from easyfit.distributed.environments import ClusterEnvironment, detect_environment
+from easyfit.distributed.calls import Call, configure_for_call, read_call
 from easyfit.distributed.memory import TrainingMemory
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.validation import check_positive_int, closest_name
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a fit / evaluate / predict call asked for, after parsing."""
-    accelerator: str
-    devices: list[torch.device]
-    num_nodes: int
-    environment: ClusterEnvironment
-    process_group_backend: str | None
-    interactive: bool
-
-    @property
-    def external(self) -> bool:
-        return self.environment.creates_processes_externally
 
 
 def _single(call: Call) -> Strategy:
@@ -194,31 +175,9 @@ def _xla_accelerator(name: str | None, strategy, accelerator: str) -> str:
     return accelerator
 
 
-def _check_conflicts(strategy: Strategy, call: Call) -> None:
-    """What no strategy that starts its own processes can do, then the strategy's own conflicts."""
-    name = strategy.name
-    if strategy.starts_processes and call.external:
-        raise ValueError(f"strategy={name!r} starts its own processes, but this one was already started by "
-                         f"{call.environment.name} as one of several ranks. Use strategy='ddp' (or 'auto').")
-    if strategy.starts_processes and call.num_nodes > 1:
-        raise ValueError(f"strategy={name!r} starts processes on this machine only; for num_nodes > 1 start the "
-                         "script on every node (torchrun, SLURM, or by hand with NODE_RANK) with strategy='ddp'")
-    strategy.check_call(call)
-
-
-def _node_devices(call: Call, devices) -> list[torch.device]:
-    """Under an external launcher, devices='auto' means one device per process the launcher started on this node."""
-    if not call.external or devices not in ("auto", None) or call.accelerator == "mps":
-        return call.devices
-    environment = call.environment
-    per_node = environment.local_world_size() or max(environment.world_size() // call.num_nodes, 1)
-    if call.accelerator == "cuda":
-        return [torch.device("cuda", i) for i in range(min(per_node, torch.cuda.device_count()))]
-    return [torch.device("cpu")] * per_node
-
-
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
-            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None) -> Strategy:
+            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None,
+            auto_select_gpus: bool = False) -> Strategy:
     """The Strategy for this call, configured for this process. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
     2. resolve "auto" (rule 4) and build the strategy from its row in STRATEGIES (or take the user's object);
@@ -230,25 +189,11 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
     accelerator = _xla_accelerator(name, strategy, accelerator)
-    resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator))
-    call = Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive())
+    call = read_call(devices, accelerator, num_nodes, process_group_backend, auto_select_gpus)
     reason = None
     if name == "auto":
         name, reason = auto_strategy_name(call, training_memory)
     if name is not None:
         strategy = STRATEGIES[name](call)
         strategy.auto_reason = reason
-    if strategy.uses_launcher_processes:
-        call = replace(call, devices=_node_devices(call, devices))
-    _check_conflicts(strategy, call)
-    per_node = strategy.processes_per_node(call)
-    if per_node is not None:   # e.g. 'single' may run alone among a launcher's ranks (a rank-local evaluation)
-        call.environment.validate(num_nodes, per_node)
-    return _configure(strategy, call)
-
-
-def _configure(strategy: Strategy, call: Call) -> Strategy:
-    """Fill in what a strategy left unset (devices, nodes, environment, backend) from the call."""
-    strategy.configure(accelerator=call.accelerator, parallel_devices=call.devices, num_nodes=call.num_nodes,
-                       environment=call.environment, process_group_backend=call.process_group_backend)
-    return strategy
+    return configure_for_call(strategy, call, devices)

@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_connector import CPU2, gpus, notebook, plain_script  # noqa: F401 (fixtures)
 
-from easyfit.distributed import connector, memory
+from easyfit.distributed import calls, connector, memory
 from easyfit.distributed.connector import connect
+from easyfit.distributed.environments import detect_environment
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.fsdp import FSDPStrategy
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
@@ -87,7 +88,7 @@ def test_gpu_memory_is_the_smallest_device_total(gpus, monkeypatch):  # noqa: F8
     devices = [torch.device("cuda", i) for i in (0, 1)]
     assert memory.device_memory("cuda", devices, 2) == 24 * GB
     state = memory.TrainingMemory(10 * GB, 10 * GB, 10 * GB, "Adam")
-    assert connector.auto_strategy_name(connector.Call("cuda", devices, 1, connector.detect_environment(), None,
+    assert connector.auto_strategy_name(calls.Call("cuda", devices, 1, detect_environment(), None,
                                                        False), state)[0] == "fsdp"
 
 
@@ -98,9 +99,9 @@ def test_cpu_memory_is_the_machine_ram_shared_by_its_processes():
 
 FORKED_FIT = """
 import torch, easyfit
-from easyfit.distributed import connector, memory
+from easyfit.distributed import calls, memory
 memory.device_memory = lambda accelerator, devices, processes: 1000   # smaller than the state: 5200 bytes
-connector.is_interactive = lambda: True                              # forked ranks, as in a notebook
+calls.is_interactive = lambda: True                                  # forked ranks, as in a notebook
 torch.manual_seed(0)
 x, y = torch.randn(64, 10), torch.randint(0, 5, (64,))
 net = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.ReLU(), torch.nn.Linear(20, 5))

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from easyfit.distributed import connector
+from easyfit.distributed import calls
 from easyfit.distributed.connector import connect
 from easyfit.distributed.strategies.bagua import ALGORITHMS, BaguaStrategy
 
@@ -32,7 +32,7 @@ def plain_script(monkeypatch):
     for name in [name for name in os.environ if name.startswith(("BAGUA_", "HOROVOD_", "OMPI_", "SLURM_", "EASYFIT_"))
                  or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK")]:
         monkeypatch.delenv(name)
-    monkeypatch.setattr(connector, "is_interactive", lambda: False)
+    monkeypatch.setattr(calls, "is_interactive", lambda: False)
 
 
 @pytest.fixture

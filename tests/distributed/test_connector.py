@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from easyfit.distributed import connector
+from easyfit.distributed import calls
 from easyfit.distributed.connector import PLANNED, STRATEGIES, connect
 from easyfit.distributed.launchers import ProcessLauncher
 from easyfit.distributed.strategies.ddp import DDPStrategy
@@ -38,7 +38,7 @@ def plain_script(monkeypatch):
     for name in [name for name in os.environ if LAUNCHER_VARIABLE.match(name)]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(connector, "is_interactive", lambda: False)
+    monkeypatch.setattr(calls, "is_interactive", lambda: False)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def gpus(monkeypatch):
 
 @pytest.fixture
 def notebook(monkeypatch):
-    monkeypatch.setattr(connector, "is_interactive", lambda: True)
+    monkeypatch.setattr(calls, "is_interactive", lambda: True)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from runner import SCRIPTS, make_data, make_net, run_script
 import easyfit
 from easyfit.checkpoint_convert import convert_checkpoint
 from easyfit.distributed.environments import find_free_port
+from easyfit.precision import cpu_supports_fp16
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -174,7 +175,8 @@ def test_mixed_precision_under_fsdp_zero_and_deepspeed_trains_like_ddp(tmp_path)
     """bf16-mixed: the loss falls, each epoch's loss is within 5e-3 of DDP's under bf16-mixed and the fp32 weights
     within 1e-2 (bf16 rounding differs: FSDP2 casts parameters per layer, DeepSpeed keeps a bf16 copy of the net).
     16-mixed: a gradient that overflows in one rank's shard only makes every rank skip the step, as under DDP (a
-    rank that stepped alone would leave the shards of one net out of step, silently)."""
+    rank that stepped alone would leave the shards of one net out of step, silently). On a CPU without float16
+    kernels DeepSpeed cannot run 16-mixed: every rank refuses it before any work, naming what to use instead."""
     outcome = run(tmp_path, "bf16,overflow", ["ddp", "fsdp", "zero", "deepspeed_stage_2"])
     baseline = outcome[0]["ddp"]["bf16"]
     for strategy in ("fsdp", "zero", "deepspeed_stage_2"):
@@ -187,6 +189,10 @@ def test_mixed_precision_under_fsdp_zero_and_deepspeed_trains_like_ddp(tmp_path)
         assert max(losses) <= 5e-3 and difference <= 1e-2, f"{strategy} departs from DDP under bf16-mixed"
     for rank in (0, 1):
         for strategy in ("ddp", "fsdp", "zero", "deepspeed_stage_2"):
+            found = outcome[rank][strategy]["overflow"]
+            if "refused" in found:
+                assert not cpu_supports_fp16() and "use precision='bf16-mixed'" in found["refused"].lower()
+                continue
             # DeepSpeed's fp32 master weights start from its fp16 copy of the net: up to 1e-4 of rounding
             assert max(outcome[rank][strategy]["overflow"]["row_change"]) <= 1e-3, \
                 f"16-mixed under {strategy}: rank {rank} stepped on an overflow another rank saw"
@@ -251,9 +257,42 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
     assert plain.config()["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"
 
 
+def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monkeypatch):
+    """DeepSpeed's 5e8-element buckets held 4x plain PyTorch's GPU memory on a 33.6 M-parameter net."""
+    from easyfit.distributed.strategies.deepspeed_config import DeepSpeedConfig, bucket_elements
+    from easyfit.loop import TrainingSettings
+    monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG", raising=False)
+    assert bucket_elements(33_600_000) == 1_050_000 and bucket_elements(20_000) == 20_000
+    assert bucket_elements(10 ** 11) == 500_000_000
+    stage3 = easyfit.strategies.DeepSpeed(stage=3)
+    stage3.configure_training(TrainingSettings())
+    zero = stage3.config(num_params=33_600_000)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1_050_000
+    assert zero["stage3_prefetch_bucket_size"] == 1_050_000
+    assert DeepSpeedConfig.describe(stage3.config(33_600_000)) == \
+        "DeepSpeed buckets (elements): reduce_bucket 1.05e+06, allgather_bucket 1.05e+06, prefetch_bucket 1.05e+06"
+    given = easyfit.strategies.DeepSpeed(reduce_bucket_size=4e6, config={"zero_optimization": {"overlap_comm": False}})
+    given.configure_training(TrainingSettings())
+    zero = given.config(num_params=33_600_000)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 4_000_000 and zero["allgather_bucket_size"] == 1_050_000
+    assert zero["overlap_comm"] is False and "stage3_prefetch_bucket_size" not in zero
+
+
 def test_a_sharded_directory_outside_a_sharded_fit_says_how_to_resume_or_convert_it(tmp_path):
     from easyfit.strategies import FSDP, DeepSpeed
     for strategy, words in ((FSDP(), "under strategy='fsdp'"), (DeepSpeed(stage=3), "on as many processes")):
         with pytest.raises(ValueError, match=rf"is a .* checkpoint directory: resume it with fit\(resume_from=...\) "
                                              rf".*{words}.*python -m easyfit.checkpoint_convert"):
             strategy.load_checkpoint(str(tmp_path))
+
+
+@NEEDS_DEEPSPEED
+def test_deepspeed_16_mixed_on_a_cpu_without_float16_is_refused_before_any_rank_starts(monkeypatch):
+    from easyfit.distributed.launchers.script import ScriptLauncher
+    from easyfit.distributed.strategies import deepspeed
+    monkeypatch.setattr(deepspeed, "cpu_supports_fp16", lambda: False)
+    monkeypatch.setattr(ScriptLauncher, "launch", lambda *args, **kwargs: pytest.fail("ranks were started"))
+    x, y = make_data()
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd")
+    with pytest.raises(ValueError, match=r"no float16 kernels.*precision='bf16-mixed'.*strategy='fsdp'"):
+        model.fit(x, y, devices=2, accelerator="cpu", strategy="deepspeed", precision="16-mixed", verbose=0)

@@ -72,6 +72,8 @@ def stuck_ranks(failure: RankFailedError | None, alive: list[int]) -> RankFailed
 
 
 def root_cause(failures: list[RankFailedError]) -> RankFailedError | None:
-    """The failure that caused the others: not a lost peer connection, not the SIGTERM sent to stop a rank."""
+    """The failure that caused the others: not a lost peer connection, not the SIGTERM sent to stop a rank; a rank's
+    own traceback before a rank that died by a signal (a collective library aborts when its peer went away)."""
     causes = [f for f in failures if not looks_like_peer_error(f.details) and "SIGTERM" not in f.details]
-    return (causes or failures or [None])[0]
+    raised = [f for f in causes if not f.details.startswith("killed by signal")]
+    return (raised or causes or failures or [None])[0]

@@ -23,6 +23,18 @@ from easyfit.distributed.launchers.failures import RankFailedError, rank_failure
 HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 #: what horovod.run says when a rank exits non-zero
 HOROVOD_EXIT = re.compile(r"Process name: (\d+)\s+Exit code: (-?\d+)")
+INSTALL_HINT = ("strategy='horovod' needs Horovod built for this torch with PyTorch and Gloo support. Run "
+                "scripts/install_horovod.sh from the easyfit repository (it builds horovod 0.28.1 once and caches "
+                "the wheel); see docs/horovod.md.")
+
+
+def import_horovod():
+    """`horovod.torch`, or an ImportError that says how to install it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as error:
+        raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    return hvd
 
 
 class HorovodLauncher(Launcher):
@@ -34,7 +46,6 @@ class HorovodLauncher(Launcher):
         self.strategy = strategy
 
     def launch(self, function: Callable, *args, **kwargs) -> Any:
-        from easyfit.distributed.strategies.horovod import import_horovod
         import_horovod()
         import cloudpickle
         import horovod

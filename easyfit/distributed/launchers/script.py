@@ -27,6 +27,7 @@ from easyfit.distributed.launchers.failures import (
     looks_like_peer_error,
     rank_failure,
     root_cause,
+    stuck_ranks,
 )
 
 EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
@@ -154,11 +155,19 @@ class ScriptRanks:
     def failure_behind(self, error: BaseException, seconds: float = 15.0) -> RankFailedError | None:
         """After an error here that a dead peer explains, give the failing child a moment to exit: its error is
         the original one."""
-        deadline = time.monotonic() + (seconds if looks_like_peer_error(f"{type(error).__name__}: {error}") else 0)
+        text = f"{type(error).__name__}: {error}"
+        # after a timeout a failed peer has long exited; the ones still running are stuck
+        timed_out = "timed out" in text.lower()
+        deadline = time.monotonic() + (seconds if looks_like_peer_error(text) and not timed_out else 0)
         while not self.failures() and not self._any_exited() and time.monotonic() < deadline:
             time.sleep(WATCH_INTERVAL)
         time.sleep(WATCH_INTERVAL)   # let a second failing rank finish writing its traceback
-        return root_cause(self.failures()) or self._finished_without_call()
+        failure = root_cause(self.failures()) or self._finished_without_call()
+        first = self.world[2] * self.world[0]   # this node's first global rank: this process
+        running = [first + rank for rank, child in self.children.items() if child.poll() is None]
+        if failure is None and timed_out and running:
+            failure = stuck_ranks(RankFailedError(first, text), running)
+        return failure
 
     def stop(self) -> None:
         """Terminate every child still running (SIGTERM, then SIGKILL after a grace period)."""

@@ -72,7 +72,8 @@ class ProcessLauncher(Launcher):
             except BaseException:
                 _stop_processes(processes.processes)
                 raise
-            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE))["result"]
+            # on the CPU: a CUDA context in the caller would make its next forked ranks (ddp_notebook) fail
+            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), map_location="cpu")["result"]
         finally:
             shutil.rmtree(exchange_dir, ignore_errors=True)
 

@@ -52,6 +52,8 @@ class Strategy:
     sums_losses_per_step = False
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
+    #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
+    selection_note: str | None = None
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")
@@ -87,6 +89,13 @@ class Strategy:
     def describe_batch_factor(self) -> str:
         """Words for the summary line: what `batch_factor` counts."""
         return "processes" if self.batch_factor != 1 else "process"
+
+    def describe_setup(self) -> str | None:
+        """Words for the summary line on what `setup` chose for this fit that the user did not set; None: nothing."""
+        return None
+
+    def check_precision(self, precision: str) -> None:
+        """Raise, before any rank starts, if this backend cannot train in `precision` (a parsed name) here."""
 
     def check_call(self, call) -> None:
         """Raise if this strategy cannot serve the call (devices, nodes, launcher) as asked, saying what to change."""

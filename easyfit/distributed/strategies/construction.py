@@ -73,8 +73,8 @@ def join_ranks(strategy) -> None:
                 f"strategy {strategy.name!r} does not know its ranks yet, and module_construction() partitions the "
                 "net over them: start them first with strategy = easyfit.launch(strategy=..., devices=N) at the top "
                 "of the script (then use that strategy), or run the script under torchrun / SLURM / deepspeed")
-        from easyfit.distributed.connector import connect
-        connect(strategy=strategy)
+        from easyfit.distributed.calls import configure_for_call, read_call
+        configure_for_call(strategy, read_call())
     launcher = strategy.launcher
     if launcher is None:
         strategy.setup_environment()

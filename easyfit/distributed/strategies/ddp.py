@@ -188,8 +188,9 @@ class ParallelStrategy(Strategy):
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-        result = tensor.clone()
+        result = tensor.to(self._collective_device, copy=True)
         dist.all_reduce(result, op=getattr(dist.ReduceOp, REDUCE_OPS[op]))
+        result = result.to(tensor.device)
         return result / self.world_size if op == "mean" else result
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -197,8 +198,7 @@ class ParallelStrategy(Strategy):
         shape): the tensors are padded to the longest for the transfer and trimmed after."""
         if tensor.dim() == 0:   # a scalar (e.g. a metric's running sum): gathered as one element
             return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
-        device = torch.device("cuda", torch.cuda.current_device()) if self.process_group_backend == "nccl" \
-            else torch.device("cpu")
+        device = self._collective_device
         meta = [None] * self.world_size
         dist.all_gather_object(meta, (len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
         trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
@@ -208,6 +208,13 @@ class ParallelStrategy(Strategy):
         gathered = [torch.empty_like(padded) for _ in meta]
         dist.all_gather(gathered, padded)
         return [part[:length].to(tensor.device) for part, (length, _, _) in zip(gathered, meta)]
+
+    @property
+    def _collective_device(self) -> torch.device:
+        """Where tensors must be for the process group's backend: NCCL takes CUDA tensors only."""
+        if self.process_group_backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         holder = [obj]
@@ -240,6 +247,7 @@ class DDPStrategy(ParallelStrategy):
         self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
                                          model_averaging_warmup)
         self._hook_state = None
+        self._wrapped: DistributedDataParallel | None = None   # the net of the running fit
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.name = name or self.START_METHODS[start_method]
@@ -270,7 +278,15 @@ class DDPStrategy(ParallelStrategy):
                                           find_unused_parameters=self.find_unused_parameters)
         if self.communication.active:
             optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
+        self._wrapped = wrapped
         return wrapped, optimizer, scheduler
+
+    def backward(self, loss: torch.Tensor, precision) -> None:
+        """A parameter that got no gradient on this rank leaves DDP's all-reduce unfinished: raise DDP's error now,
+        before another collective meets the peers' pending all-reduce (gloo then aborts the process)."""
+        super().backward(loss, precision)
+        if self._wrapped is not None and not self.find_unused_parameters:
+            self._wrapped._check_reducer_finalized()
 
     def save_checkpoint(self, path: str, state: dict) -> None:
         """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
-from typing import Any
 
 import torch
 
@@ -23,6 +21,7 @@ from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
 from easyfit.distributed.strategies import zero_init
 from easyfit.distributed.strategies.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.deepspeed_config import DeepSpeedConfig, read_config
 from easyfit.distributed.strategies.sharding import (
     directory_outside_fit,
     move_scheduler,
@@ -32,10 +31,9 @@ from easyfit.distributed.strategies.sharding import (
     require,
     without_weights,
 )
-from easyfit.precision import Precision
+from easyfit.precision import Precision, cpu_supports_fp16
 from easyfit.tensors import map_tensors
 
-CONFIG_VARIABLE = "EASYFIT_DEEPSPEED_CONFIG"
 STATE_FORMATS = ("full", "sharded")
 CLIENT_STATE_KEY = "easyfit"
 
@@ -56,31 +54,6 @@ def cast_inputs(module: torch.nn.Module, dtype: torch.dtype) -> None:
     def cast(value):
         return map_tensors(lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor, value)
     module.register_forward_pre_hook(lambda _, args, kwargs: (cast(args), cast(kwargs)), with_kwargs=True)
-
-
-def merge(defaults: dict, user: dict) -> dict:
-    """`defaults` with `user` laid over it, nested sections merged key by key: every key the user sets wins."""
-    merged = dict(defaults)
-    for key, value in user.items():
-        merged[key] = merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
-            else value
-    return merged
-
-
-def read_config(config: str | os.PathLike | dict | None) -> dict:
-    """The user's DeepSpeed config: a dict, a JSON file, or the file EASYFIT_DEEPSPEED_CONFIG names; {} if none."""
-    if config is None:
-        config = os.environ.get(CONFIG_VARIABLE) or None
-    if config is None or isinstance(config, dict):
-        return dict(config or {})
-    path = os.fspath(config)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"the DeepSpeed config {path!r} does not exist; pass a dict or the path of a JSON file")
-    with open(path, encoding="utf-8") as file:
-        try:
-            return json.load(file)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"the DeepSpeed config {path!r} is not valid JSON: {error}") from None
 
 
 class DeepSpeedStrategy(DDPStrategy):
@@ -118,6 +91,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
         self.name = "deepspeed"
         self.settings = None
+        self._sizing_note: str | None = None
         self.engine = self._optimizer = self._scheduler = self._user_net = self._eval_net = None
         self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
         self._accumulating = False
@@ -131,42 +105,27 @@ class DeepSpeedStrategy(DDPStrategy):
             raise ValueError("DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'")
         self.settings = settings
 
-    def _zero_section(self) -> dict[str, Any]:
-        zero: dict[str, Any] = {"stage": self.stage}
-        zero.update({key: int(value) for key, value in self.buckets.items() if value is not None})
-        pin = self.accelerator == "cuda"   # page-locked CPU memory only helps copies to a GPU
-        if self.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-        if self.offload_parameters:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-        return zero
-
-    def config(self) -> dict:
-        """The config handed to DeepSpeed: defaults derived from fit's arguments, then the user's keys over them."""
-        settings, zero = self.settings, self._zero_section()
-        derived = {
-            "train_micro_batch_size_per_gpu": settings.batch_size,
-            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-            # DeepSpeed clips at 1.0 unless told otherwise: training must not change silently
-            "gradient_clipping": float(settings.gradient_clip_val or 0.0),
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,
-            "zero_force_ds_cpu_optimizer": False,   # the user's torch optimizer, also with offload
-            "steps_per_print": 2 ** 31,
-        }
-        if settings.precision == "bf16-mixed":
-            derived["bf16"] = {"enabled": True}
-        elif settings.precision == "16-mixed":
-            derived["fp16"] = {"enabled": True}
-        return merge(derived, self.user_config)
+    def config(self, num_params: int | None = None) -> dict:
+        """The config handed to DeepSpeed: defaults derived from fit's arguments (and, given the number of
+        parameters trained, bucket sizes fitted to the net), then the user's keys over them."""
+        return self._config_builder().training(self.settings, num_params)
 
     def construction_config(self) -> dict:
-        """The config `zero.Init` partitions with, before any fit: the ZeRO section and the user's keys. torch's
-        linear is left as it is (DeepSpeed would replace it for the rest of the process)."""
-        derived: dict[str, Any] = {"zero_optimization": {**self._zero_section(), "memory_efficient_linear": False}}
-        if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(self.user_config):
-            derived["train_micro_batch_size_per_gpu"] = 1   # a placeholder: fit sets the real one
-        return merge(derived, self.user_config)
+        """The config `zero.Init` partitions with, before any fit."""
+        return self._config_builder().construction()
+
+    def _config_builder(self) -> DeepSpeedConfig:
+        return DeepSpeedConfig(self.stage, self.offload_optimizer, self.offload_parameters, self.buckets,
+                               self.user_config, pin_memory=self.accelerator == "cuda")
+
+    def describe_setup(self) -> str | None:
+        return self._sizing_note
+
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed" and self.accelerator == "cpu" and not cpu_supports_fp16():
+            raise ValueError("DeepSpeed cannot train in precision='16-mixed' on this CPU: it has no float16 "
+                             "kernels (no AVX512-FP16 / AMX-FP16). Use precision='bf16-mixed' with DeepSpeed, or "
+                             "strategy='fsdp' (torch's autocast runs float16 on any CPU).")
 
     def precision_plugin(self, current: Precision, requested) -> Precision:
         plugin = super().precision_plugin(current, requested)
@@ -196,7 +155,9 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         deepspeed = require("deepspeed", "deepspeed", self.name)
-        config = self.config()
+        num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
+        config = self.config(num_params)
+        self._sizing_note = DeepSpeedConfig.describe(config)
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
         if not built:
             net.to(self.root_device)

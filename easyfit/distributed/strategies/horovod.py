@@ -14,24 +14,13 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.checkpoint import load_checkpoint_file
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
+from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
 
-INSTALL_HINT = ("strategy='horovod' needs Horovod built for this torch with PyTorch and Gloo support. Run "
-                "scripts/install_horovod.sh from the easyfit repository (it builds horovod 0.28.1 once and caches "
-                "the wheel); see docs/horovod.md.")
 REDUCE_OPS = {"sum": "Sum", "mean": "Average", "max": "Max", "min": "Min"}
-
-
-def import_horovod():
-    """`horovod.torch`, or an ImportError that says how to install it."""
-    try:
-        import horovod.torch as hvd
-    except ImportError as error:
-        raise ImportError(f"{INSTALL_HINT} ({error})") from error
-    return hvd
 
 
 class HorovodStrategy(Strategy):
@@ -112,7 +101,6 @@ class HorovodStrategy(Strategy):
     def launcher(self):
         if self.environment.creates_processes_externally or self.num_nodes * self.num_processes == 1:
             return None
-        from easyfit.distributed.launchers.horovod import HorovodLauncher
         return HorovodLauncher(self)
 
     # --- life -----------------------------------------------------------------------

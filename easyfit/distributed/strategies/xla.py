@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from easyfit.checkpoint import load_checkpoint_file
+from easyfit.data import move_to_device
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
@@ -143,13 +144,11 @@ class XLAStrategy(Strategy):
                              f"which has {local}. Pass devices='auto' (or 1), or limit the devices torch_xla sees "
                              "(TPU_VISIBLE_CHIPS, see docs/tpu.md).")
 
-    def precision_plugin(self, current: Precision, requested: Any) -> Precision:
-        plugin = super().precision_plugin(current, requested)
-        if plugin.scaler is not None:
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed":
             raise ValueError("precision='16-mixed' (float16 with loss scaling) is not supported on XLA devices: "
                              "TPUs compute in bfloat16. Use precision='bf16-mixed' (autocast to bfloat16, no loss "
                              "scaling) or '32'.")
-        return plugin
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         move(net, optimizer, self.root_device)
@@ -184,8 +183,14 @@ class XLAStrategy(Strategy):
         return CPU   # the parallel loader puts each batch on the device
 
     def feed(self, batches):
+        """The first batch moved here at once, the rest through the parallel loader, which reads ahead: started
+        after the loop's first step, which may change how the source makes the batches (labels of shape (N, 1)
+        flattened, integer inputs made floats), so none is read ahead in the old form."""
         from torch_xla.distributed.parallel_loader import MpDeviceLoader
-        return MpDeviceLoader(batches, self.root_device)
+        iterator = iter(batches)
+        for first in iterator:
+            yield move_to_device(first, self.root_device)
+            yield from MpDeviceLoader(iterator, self.root_device)
 
     # --- state ----------------------------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:

@@ -1,0 +1,86 @@
+"""The shape of the code: every module imports on its own, the import graph (lazy imports inside functions
+included) has no cycle, and no module grows past 400 lines."""
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "easyfit"
+MAX_LINES = 400
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: pathlib.Path) -> set[str]:
+    """The easyfit modules `name` imports anywhere in its code (a package counts as its __init__)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:   # a relative import: from the package, `level - 1` packages up
+                parents = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parents + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        found.update(target for target in targets if target in MODULES and target != name)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (the first repeated at the end), or None."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {name: imported_modules(name, path) for name, path in MODULES.items()}
+    # a package's __init__ importing its own submodules is how a package exposes them, not a cycle
+    graph = {name: {target for target in targets if not target.startswith(name + ".")}
+             for name, targets in graph.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_no_module_is_over_400_lines():
+    long = {name: count for name, path in MODULES.items()
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"

@@ -1,0 +1,69 @@
+"""Every strategy on one CUDA device trains the weights plain CUDA PyTorch trains; the peak memory of each is
+printed (benchmarks/memory.py --cuda measures it on a large net). Skipped without a GPU, and per backend without its
+package."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+import easyfit
+
+pytestmark = pytest.mark.gpu
+
+STRATEGIES = ["single", "dp", "ddp", "fsdp", "fsdp_cpu_offload", "zero", "ddp_sharded", "deepspeed_stage_1",
+              "deepspeed_stage_2", "deepspeed_stage_3", "deepspeed_stage_2_offload", "deepspeed_stage_3_offload"]
+NEEDS = {"ddp_sharded": "fairscale", "deepspeed": "deepspeed"}
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 32, generator=generator)
+    return x, (x[:, :3].sum(dim=1) > 0).long() + (x[:, 3] > 1).long()
+
+
+def make_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                               torch.nn.ReLU(), torch.nn.Linear(256, 3))
+
+
+def plain_cuda(net: torch.nn.Module, x, y, epochs: int = 2, batch_size: int = 32) -> dict:
+    net = copy.deepcopy(net).cuda()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        for start in range(0, len(x), batch_size):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[start:start + batch_size].cuda()),
+                                              y[start:start + batch_size].cuda()).backward()
+            optimizer.step()
+    return {name: value.cpu() for name, value in net.state_dict().items()}
+
+
+def backend(name: str):
+    """ddp on NCCL (at world size 1 every collective refuses a CPU tensor); the others by name."""
+    return easyfit.strategies.DDP(process_group_backend="nccl") if name == "ddp" else name
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_one_gpu_trains_what_plain_cuda_pytorch_trains(strategy):
+    package = next((package for prefix, package in NEEDS.items() if strategy.startswith(prefix)), None)
+    if package is not None and importlib.util.find_spec(package) is None:
+        pytest.skip(f"{strategy} needs {package}, which is not installed")
+    x, y = data()
+    net = make_net()
+    expected = plain_cuda(net, x, y)
+    model = easyfit.Model(net, "cross_entropy", "adam", lr=1e-3, metrics=["accuracy"])
+    torch.cuda.reset_peak_memory_stats()
+    history = model.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0, accelerator="gpu", devices=1,
+                        strategy=backend(strategy))
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    difference = max((value.cpu() - expected[name]).abs().max().item() for name, value in net.state_dict().items())
+    print(f"{strategy:28s} weights vs plain CUDA {difference:.1e}; peak GPU memory {peak:.1f} MiB")
+    assert difference <= 1e-5
+    assert len(history.history["accuracy"]) == 2
+    scores = model.evaluate(x, y, verbose=0, return_dict=True, accelerator="gpu", devices=1,
+                            strategy=backend(strategy))
+    assert scores["loss"] == pytest.approx(history.history["loss"][-1], abs=0.5)
