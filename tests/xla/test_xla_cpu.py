@@ -96,6 +96,16 @@ def test_evaluate_and_predict_equal_plain_pytorch():
     assert (predictions - outputs).abs().max().item() < TOLERANCE
 
 
+def test_what_the_first_step_conforms_reaches_the_batches_the_loader_reads_ahead():
+    """Labels of shape (N, 1) in int32: the first step flattens them and makes them int64 for every later batch."""
+    x, y = data()
+    model = easyfit.Model(net(), "cross_entropy", "sgd", lr=LR)
+    model.fit(x, y.view(-1, 1).int(), epochs=2, batch_size=BATCH, shuffle=False, **XLA_RUN)
+    plain = easyfit.Model(net(), "cross_entropy", "sgd", lr=LR)
+    plain.fit(x, y, epochs=2, batch_size=BATCH, shuffle=False, **XLA_RUN)
+    assert largest_difference(model.net, plain.net) == 0.0
+
+
 def test_checkpoints_hold_cpu_tensors_that_a_plain_net_loads(tmp_path):
     model = xla_fit("Adam", epochs=1, callbacks=[ModelCheckpoint(str(tmp_path / "during.pt"))])
     model.save(tmp_path / "after.pt")
