@@ -277,7 +277,7 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
     float64 numpy data becomes `float_dtype`."""
     check_positive_int(batch_size, "batch_size")
-    device = strategy.root_device
+    device = strategy.batch_device
     source = "the training data" if train else "the validation data"
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:

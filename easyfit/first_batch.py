@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from easyfit.data import TensorBatches, peek_first_batch, split_batch
+from easyfit.data import TensorBatches, move_to_device, peek_first_batch, split_batch
 from easyfit.first_batch_explain import (
     BATCH_NORMS,
     check_batch_of_one,
@@ -166,6 +166,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     batch = peek_first_batch(data)
     if batch is None:
         return
+    batch = move_to_device(batch, model.strategy.root_device)   # where the backend's loader would put it
     inputs, target = split_batch(batch[:-1] if getattr(data, "weighted", False) else batch)   # less the weights
     if target is None:
         raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "

@@ -43,7 +43,8 @@ class LossTracker:
 
     FOLD_EVERY = 1024
 
-    def __init__(self):
+    def __init__(self, fold_every: int = FOLD_EVERY):
+        self.fold_every = fold_every
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
         self.folded_sum: torch.Tensor | float = 0.0
@@ -52,7 +53,7 @@ class LossTracker:
     def add(self, loss: torch.Tensor, size: int) -> None:
         self.losses.append(loss)
         self.sizes.append(size)
-        if len(self.losses) >= self.FOLD_EVERY:
+        if len(self.losses) >= self.fold_every:
             self._fold()
 
     def _fold(self) -> None:
@@ -74,11 +75,11 @@ class LossTracker:
         """The mean over every sample seen by every process."""
         total, count = self.totals()
         device = strategy.root_device
-        summed = strategy.reduce(torch.stack([total.to(device),
-                                              torch.tensor(float(count), dtype=torch.float64, device=device)]), "sum")
-        if not summed[1]:
+        count = torch.tensor(float(count), dtype=torch.float64, device=device)
+        summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
+        if not seen:   # one read back to the host for both numbers: a device sync, once per epoch
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
-        return float(summed[0]) / float(summed[1])
+        return summed / seen
 
 
 class BatchLogs(Mapping):
@@ -159,7 +160,7 @@ class Loop:
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         num_batches = batch_count(batches)
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
@@ -172,7 +173,7 @@ class Loop:
         metrics.reset()
         first_step = getattr(batches, "first_step", None)
         with strategy.uneven_inputs(net) if uneven else SYNC:
-            for step, batch in enumerate(remaining, first):
+            for step, batch in enumerate(strategy.feed(remaining), first):
                 if batch_begin:
                     callbacks.call("on_train_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
@@ -206,6 +207,9 @@ class Loop:
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         return self._epoch_logs(tracker)
+
+    def _loss_tracker(self) -> LossTracker:
+        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
@@ -276,7 +280,7 @@ class Loop:
         metrics, forward_loss = self.metrics, self.steps.step("evaluate")
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
@@ -307,7 +311,7 @@ class Loop:
     def _eval_batches(self, batches):
         """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.lockstep)."""
         if not self.strategy.forward_in_lockstep(self.net):
-            return ((batch, True) for batch in batches)
+            return ((batch, True) for batch in self.strategy.feed(batches))
         return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
 
     @torch.no_grad()
@@ -317,7 +321,7 @@ class Loop:
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
-            for step, batch in enumerate(batches):
+            for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
                 with precision.autocast():

@@ -8,6 +8,7 @@ correct single-process backend, so a backend overrides only what it does differe
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -48,6 +49,10 @@ class Strategy:
     #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
     #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
     supports_compile = False
+    #: the loop adds each step's loss to the epoch's sum in the step itself, rather than keeping the losses and
+    #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
+    #: compile a graph for each number read
+    sums_losses_per_step = False
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
@@ -185,6 +190,16 @@ class Strategy:
     def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
         """Give this rank its share of a sampler the user wrote."""
         return sampler
+
+    @property
+    def batch_device(self) -> torch.device:
+        """Where the batch sources put each batch: this process's device, unless `feed` moves them itself."""
+        return self.root_device
+
+    def feed(self, batches: Iterable) -> Iterable:
+        """What the loop iterates in an epoch of training, evaluation or prediction, from the batch source's
+        batches (on `batch_device`): they themselves here; a backend with its own loader wraps them (XLA)."""
+        return batches
 
     # --- step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:
