@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from easyfit.data import TensorBatches, move_to_device, peek_first_batch, split_batch
+from easyfit.batch_contents import move_to_device, split_batch
+from easyfit.data import TensorBatches, peek_first_batch
 from easyfit.first_batch_explain import (
     BATCH_NORMS,
     check_batch_of_one,

@@ -8,8 +8,9 @@ from typing import Any, Callable
 
 import torch
 
+from easyfit.batch_contents import batch_length, split_batch
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import batch_count, batch_length, peek_first_batch, split_batch
+from easyfit.data import batch_count, peek_first_batch
 from easyfit.lockstep import in_lockstep
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision

@@ -15,9 +15,9 @@ import torch
 from torch.utils.data import Sampler
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.data import EpochSampler, EvalSampler
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
+from easyfit.samplers import EpochSampler, EvalSampler
 
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from easyfit.batch_contents import move_to_device
 from easyfit.checkpoint import load_checkpoint_file
-from easyfit.data import move_to_device
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
