@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit import net_weights
+from easyfit import fault_tolerance, net_weights
 from easyfit.callbacks.backup_and_restore import backup_to_resume
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
@@ -109,6 +109,7 @@ class Model:
         epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
         run, options = split_options(kwargs, RunOptions, FitOptions)
         check_fit_options(options)
+        options.max_restarts = fault_tolerance.max_restarts_for(options.max_restarts)   # launch()'s default
         history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         return history
@@ -296,6 +297,9 @@ class Model:
                            training_memory=training_memory)
         check_call(self.net, method, strategy.trains_built_sharded)
         launcher = strategy.launcher
+        if method == "_fit_in_process":
+            from easyfit.distributed.launchers.restarts import with_restarts
+            launcher = with_restarts(launcher, strategy, inputs["options"].max_restarts)
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
@@ -373,13 +377,27 @@ class Model:
             callbacks = self._fit_callbacks(options, strategy.is_global_zero, params)
             self._callbacks = callbacks
             initial_epoch = options.initial_epoch
-            resume_from = backup_to_resume(options.callbacks) or options.resume_from
+            run = fault_tolerance.plan(options.fault_tolerance,
+                                       options.max_restarts if strategy.launcher is not None else 0, strategy)
+            if run is not None:
+                callbacks = self._callbacks = self._fit_callbacks(options, strategy.is_global_zero, params, run)
+            resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
             if resume_from is not None:
-                self.restore(strategy.load_checkpoint(resume_from), training=True)
+                state = strategy.load_checkpoint(resume_from)
+                self.restore(state, training=True)
+                self.history.set_params(params)   # this fit's settings, not those of the fit that saved
                 initial_epoch = self.completed_epochs
+                if run is not None and run.resume_from:
+                    params["summary"] += "; " + fault_tolerance.resume_note(
+                        self, run, state, options.batch_size, options.gradient_accumulation_steps, multiplier)
+            if run is not None and not run.resume_from:   # a restart before the first epoch ends starts from here
+                self.completed_epochs = initial_epoch
+                fault_tolerance.save(self, run.path)
             warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
+            elif run is not None and run.resume_from and strategy.is_global_zero:
+                fault_tolerance.announce(params["summary"])
             self.stop_training = False
             try:
                 Loop(self, strategy, callbacks, objects, settings, warmup).fit(
@@ -387,10 +405,13 @@ class Model:
             finally:
                 self._lr_multiplier = 1.0
 
-    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None) -> CallbackList:
-        """The History, the progress display and the user's callbacks of a fit, in that order."""
+    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None,
+                       run: fault_tolerance.Run | None = None) -> CallbackList:
+        """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
         display = progress_callbacks(options.verbose, is_global_zero)
-        return CallbackList([self.history, *display, *options.callbacks], self, params or {})
+        tolerance = [] if run is None else [fault_tolerance.FaultToleranceCheckpoint(
+            run, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
+        return CallbackList([self.history, *display, *options.callbacks, *tolerance], self, params or {})
 
     @staticmethod
     def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,

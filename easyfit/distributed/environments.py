@@ -195,6 +195,12 @@ class LocalEnvironment(ClusterEnvironment):
             self._port = find_free_port()
         return self._port
 
+    def choose_new_port(self) -> None:
+        """For a restarted attempt: another free port, when easyfit chose the last one (not the user's MASTER_PORT)."""
+        if self._port is not None:
+            self._port = find_free_port()
+            os.environ["MASTER_PORT"] = str(self._port)
+
     def set_world(self, world_size: int, global_rank: int, local_rank: int) -> None:
         """The launching process records the world it creates (a launched child reads it from its variables)."""
         if world_size < 1 or not 0 <= global_rank < world_size or local_rank < 0:
