@@ -178,8 +178,8 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
     strategy, position = model.strategy, model.position
     if not strategy.is_global_zero:   # rank 0 carries the loss the interrupted epoch summed over every rank
         position.loss = (0.0, 0)
-    note = (f"resumed after {run.restart_word} {run.restart} from epoch {model.completed_epochs + 1}, "
-            f"step {position.batches_done}")
+    after = f"after {run.restart_word} {run.restart}" if run.restart else "the run's checkpoint"
+    note = f"resumed {after} from epoch {model.completed_epochs + 1}, step {position.batches_done}"
     saved = state.get(WORLD_KEY, {})
     old_factor, new_factor = saved.get("batch_factor", strategy.batch_factor), strategy.batch_factor
     if old_factor == new_factor:
@@ -189,11 +189,12 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
     position.batches_done = samples // window * accumulate
     position.resuming = position.batches_done > 0
     redone = samples - position.batches_done * batch_size * new_factor
-    again = f" ({redone} samples of the interrupted epoch are trained again)" if redone else ""
+    again = f", {redone} of its samples trained again" if redone else ""
     ratio = state.get("lr_multiplier", 1.0) / multiplier
     lrs = [group["lr"] for group in model.optimizer.param_groups]
     return (f"{note}; world size {saved['world_size']} → {strategy.world_size}: the data re-sharded over "
-            f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''}{again}, "
+            f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''} (the epoch continues at "
+            f"step {position.batches_done}{again}), "
             f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}")
 
 

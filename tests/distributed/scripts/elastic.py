@@ -5,7 +5,7 @@ Usage: python elastic.py OUT_DIR [--strategy ddp|fsdp|fsdp-sharded] [--max-resta
                                  [--fail ATTEMPT:MODE:RANK:EPOCH:BATCH ...]
 MODE: kill (SIGKILL), raise (an exception in a callback), or lose-node (SIGKILL the torchrun agent, then itself).
 Rank 0 writes OUT_DIR/result.pt (weights, History, the counting callback's count, the world size and LR);
-with --record every rank writes the samples it trains to OUT_DIR/seen-<attempt>-<rank>.txt.
+with --record every rank writes the samples it trains to OUT_DIR/seen-<world size>-<attempt>-<rank>.txt.
 """
 import argparse
 import os
@@ -109,7 +109,8 @@ def main() -> None:
     callbacks = [Fail(args.fail), CountBatches()]
     if args.record:
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
-        recorder = Recorder(os.path.join(args.out, f"seen-{attempt()}-{rank}.txt"))
+        world = os.environ.get("WORLD_SIZE", "2")
+        recorder = Recorder(os.path.join(args.out, f"seen-{world}-{attempt()}-{rank}.txt"))
         net = nn.Sequential(recorder, net)
         x = torch.cat([x, torch.arange(len(x), dtype=x.dtype)[:, None]], dim=1)
         callbacks.append(Position(recorder))
