@@ -91,6 +91,10 @@ def with_restarts(launcher: Launcher | None, strategy, max_restarts: int) -> Lau
                          f"{environment.name} started these: let it restart them (torchrun --max-restarts="
                          f"{max_restarts}, or SLURM's --requeue) and leave max_restarts out; easyfit's "
                          "fault-tolerance checkpoint restores the restarted ranks either way.")
+    if getattr(strategy, "num_nodes", 1) > 1 and not environment.creates_processes_externally:
+        raise ValueError(f"max_restarts={max_restarts} restarts the ranks of one machine; a run over "
+                         f"{strategy.num_nodes} nodes started by hand cannot restart the others: start it with "
+                         "torchrun --max-restarts=N (or SLURM with --requeue) on each node.")
     from easyfit.distributed.launchers.script import RelaunchedRankLauncher
     if launcher is None or isinstance(launcher, RelaunchedRankLauncher):
         return launcher
