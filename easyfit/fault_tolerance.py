@@ -78,8 +78,8 @@ def plan(option, restarts_by_easyfit: int, strategy) -> Run | None:
     if option is False:
         return None
     found = elastic_run(restarts_by_easyfit)
-    if found is None:
-        return None
+    if found is None or strategy.world_size != launched_world_size(strategy):
+        return None   # a rank-local fit among the launcher's ranks (strategy="single") is not the run restarted
     run = None
     if strategy.is_global_zero:
         launcher, run_id, restart = found
@@ -91,6 +91,13 @@ def plan(option, restarts_by_easyfit: int, strategy) -> Run | None:
         existing = [name for name in (path, f"{path}.old") if os.path.exists(name)]   # .old: see `replace`
         run = Run(launcher, path, restart, existing[0] if restartable and existing else None)
     return strategy.broadcast(run) if strategy.world_size > 1 else run
+
+
+def launched_world_size(strategy) -> int:
+    """The number of processes the launcher started (torchrun's WORLD_SIZE), or the strategy's own."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return int(os.environ.get("WORLD_SIZE", strategy.world_size))
+    return strategy.world_size
 
 
 class FaultToleranceCheckpoint(Callback):
@@ -171,6 +178,20 @@ def remove(path: str) -> None:
             os.remove(name)
 
 
+def begin(model, run: Run, state: dict | None, options, params: dict, initial_epoch: int) -> None:
+    """At the start of a fit with fault tolerance, after any restore: a restored run adds how it resumed to the
+    summary line (said on stderr too in a silent fit); a new one writes its first checkpoint, so that a restart
+    before the first epoch ends starts again from here."""
+    if run.resume_from:
+        params["summary"] += "; " + resume_note(model, run, state, options.batch_size,
+                                                options.gradient_accumulation_steps, params["lr_multiplier"])
+        if not options.verbose and model.is_global_zero:
+            print(f"easyfit: {params['summary']}", file=sys.stderr, flush=True)
+    else:
+        model.completed_epochs = initial_epoch
+        save(model, run.path)
+
+
 def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, multiplier: float) -> str:
     """After the checkpoint was restored: continue the interrupted epoch on this world, and say so. On another
     number of processes the epoch's position is carried over by samples (the global order of the samples does not
@@ -196,8 +217,3 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
             f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''} (the epoch continues at "
             f"step {position.batches_done}{again}), "
             f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}")
-
-
-def announce(summary: str) -> None:
-    """A resume is said even in a silent fit (where the summary line is not printed otherwise)."""
-    print(f"easyfit: {summary}", file=sys.stderr, flush=True)

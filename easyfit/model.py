@@ -232,7 +232,7 @@ class Model:
         Takes fit's options (`sample_weight`, `class_weight`, run options); `history` and `completed_epochs` are
         left as they were."""
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
-        options = {"devices": 1, "lr_scaling": None, **kwargs}
+        options = {"devices": 1, "lr_scaling": None, "fault_tolerance": False, **kwargs}
         try:
             result = self.fit(x, y, epochs=1, batch_size=_sample_count(x), shuffle=False, verbose=0, **options)
         finally:
@@ -374,30 +374,21 @@ class Model:
             self._lr_multiplier = multiplier
             self.history = History()
             params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
-            callbacks = self._fit_callbacks(options, strategy.is_global_zero, params)
-            self._callbacks = callbacks
             initial_epoch = options.initial_epoch
             run = fault_tolerance.plan(options.fault_tolerance,
                                        options.max_restarts if strategy.launcher is not None else 0, strategy)
-            if run is not None:
-                callbacks = self._callbacks = self._fit_callbacks(options, strategy.is_global_zero, params, run)
+            callbacks = self._callbacks = self._fit_callbacks(options, strategy.is_global_zero, params, run)
             resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
-            if resume_from is not None:
-                state = strategy.load_checkpoint(resume_from)
+            state = None if resume_from is None else strategy.load_checkpoint(resume_from)
+            if state is not None:
                 self.restore(state, training=True)
                 self.history.set_params(params)   # this fit's settings, not those of the fit that saved
                 initial_epoch = self.completed_epochs
-                if run is not None and run.resume_from:
-                    params["summary"] += "; " + fault_tolerance.resume_note(
-                        self, run, state, options.batch_size, options.gradient_accumulation_steps, multiplier)
-            if run is not None and not run.resume_from:   # a restart before the first epoch ends starts from here
-                self.completed_epochs = initial_epoch
-                fault_tolerance.save(self, run.path)
+            if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
+                fault_tolerance.begin(self, run, state, options, params, initial_epoch)
             warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
-            elif run is not None and run.resume_from and strategy.is_global_zero:
-                fault_tolerance.announce(params["summary"])
             self.stop_training = False
             try:
                 Loop(self, strategy, callbacks, objects, settings, warmup).fit(
