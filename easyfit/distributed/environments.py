@@ -25,6 +25,8 @@ import socket
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
 #: the working directory when easyfit was imported: re-run ranks start there even if the script changed it since
 START_DIRECTORY = os.getcwd()
+#: the MASTER_PORT this process was started with (None: easyfit chooses the ports of the ranks it starts)
+GIVEN_PORT = os.environ.get("MASTER_PORT")
 DEFAULT_PORT = 29500
 INTERACTIVE_SLURM_JOBS = ("bash", "interactive")
 RANKS = ("world_size", "global_rank", "local_rank")
@@ -194,12 +196,6 @@ class LocalEnvironment(ClusterEnvironment):
         if self._port is None:
             self._port = find_free_port()
         return self._port
-
-    def choose_new_port(self) -> None:
-        """For a restarted attempt: another free port, when easyfit chose the last one (not the user's MASTER_PORT)."""
-        if self._port is not None:
-            self._port = find_free_port()
-            os.environ["MASTER_PORT"] = str(self._port)
 
     def set_world(self, world_size: int, global_rank: int, local_rank: int) -> None:
         """The launching process records the world it creates (a launched child reads it from its variables)."""

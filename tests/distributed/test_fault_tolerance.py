@@ -69,7 +69,9 @@ def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, t
 
 
 def test_easyfit_max_restarts_restart_every_rank_and_continue_exactly(uninterrupted, tmp_path):
-    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--max-restarts", "2", *KILL_THEN_RAISE)
+    """easyfit.launch(max_restarts=2) at the top of the script (fit's own max_restarts: see
+    tests/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--launch-restarts", "2", *KILL_THEN_RAISE)
     assert process.returncode == 0, process.stderr[-5000:]
     assert ("easyfit: attempt 1 failed: rank 1: killed by signal SIGKILL; restarting every rank (restart 1 of 2)"
             in process.stderr)

@@ -12,6 +12,7 @@ import traceback
 import uuid
 from typing import Any, Callable
 
+from easyfit.distributed.environments import GIVEN_PORT, find_free_port
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError
 from easyfit.fault_tolerance import RESTART_COUNT_VARIABLE, RUN_ID_VARIABLE
@@ -57,15 +58,14 @@ class RestartingLauncher(Launcher):
                     os.environ[name] = value
 
     def _prepare_restart(self) -> None:
-        """A new attempt: no process group left in this process, and a new port when easyfit chose the old one
-        (the old store may still hold it)."""
+        """A new attempt: no process group or store left in this process, and a new port unless the user gave one
+        (a new store there holds none of the old attempt's keys, such as the dead ranks' addresses)."""
         from easyfit.distributed.launchers.script import forget_stopped_ranks
         from easyfit.distributed.strategies.ddp import destroy_process_group
         destroy_process_group()
         forget_stopped_ranks()
-        choose_port = getattr(self.strategy.environment, "choose_new_port", None)
-        if choose_port is not None:
-            choose_port()
+        if GIVEN_PORT is None:
+            os.environ["MASTER_PORT"] = str(find_free_port())
 
 
 def as_rank_failure(error: Exception) -> RankFailedError:

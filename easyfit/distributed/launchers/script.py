@@ -224,6 +224,7 @@ def forget_stopped_ranks() -> None:
     """After a failed attempt that `max_restarts` retries: the next call starts new ranks."""
     global _script_ranks
     if _script_ranks is not None and _script_ranks.stopped:
+        _script_ranks.store = None   # the store it hosted closes
         _script_ranks = None
 
 

@@ -1,7 +1,8 @@
 """A fit that fails on chosen attempts, run under torchrun or easyfit's own `max_restarts` by the fault-tolerance
 tests; every restarted attempt continues from the fault-tolerance checkpoint with no code here to do it.
 
-Usage: python elastic.py OUT_DIR [--strategy ddp|fsdp|fsdp-sharded] [--max-restarts N] [--every N] [--record]
+Usage: python elastic.py OUT_DIR [--strategy ddp|fsdp|fsdp-sharded] [--max-restarts N] [--launch-restarts N]
+                                 [--every N] [--record]
                                  [--fail ATTEMPT:MODE:RANK:EPOCH:BATCH ...]
 MODE: kill (SIGKILL), raise (an exception in a callback), or lose-node (SIGKILL the torchrun agent, then itself).
 Rank 0 writes OUT_DIR/result.pt (weights, History, the counting callback's count, the world size and LR);
@@ -102,7 +103,10 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=None, help="fault_tolerance_every_n_steps")
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--fail", nargs="*", default=[])
+    parser.add_argument("--launch-restarts", type=int, default=None, help="easyfit.launch(max_restarts=...) first")
     args = parser.parse_args()
+    if args.launch_restarts is not None:
+        easyfit.launch(devices=2, accelerator="cpu", max_restarts=args.launch_restarts)
     torch.set_num_threads(1)
     x, y = make_data()
     net = make_net()
