@@ -22,11 +22,10 @@ import torch
 
 from easyfit import slurm_requeue
 from easyfit.callbacks.base import Callback
-from easyfit.distributed.environments import START_DIRECTORY
+from easyfit.distributed.environments import RESTART_COUNT_VARIABLE, START_DIRECTORY
 from easyfit.lr_scaling import describe_lrs
 
 RUN_ID_VARIABLE = "EASYFIT_RUN_ID"
-RESTART_COUNT_VARIABLE = "EASYFIT_RESTART_COUNT"
 DEFAULT_FOLDER = ".easyfit-fault-tolerance"
 WORLD_KEY = "fault_tolerance_world"   # the checkpoint's record of the world that wrote it
 #: torchrun's run id when none is given: shared by unrelated jobs, so only a restart restores its checkpoint
@@ -60,37 +59,43 @@ class Run:
         return "requeue" if self.launcher == "SLURM" else "restart"
 
 
-def elastic_run(restarts_by_easyfit: int) -> tuple[str, str, int] | None:
+def elastic_run(restarts_by_easyfit: int, ask_slurm: bool) -> tuple[str, str, int] | None:
     """(launcher, run id, restart count) when a launcher restarts this fit's ranks after a failure, else None.
-    `restarts_by_easyfit`: the fit's own `max_restarts` when easyfit's launcher started its ranks, else 0."""
+    `restarts_by_easyfit`: the fit's own `max_restarts` when easyfit's launcher started its ranks, else 0;
+    `ask_slurm`: whether to ask SLURM if the job may be requeued (a command; rank 0 asks for all)."""
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         return "torchrun", env["TORCHELASTIC_RUN_ID"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if restarts_by_easyfit > 0:
         return "easyfit", env.get(RUN_ID_VARIABLE, "local"), int(env.get(RESTART_COUNT_VARIABLE, "0"))
-    if slurm_requeue.requeueable():
+    if ask_slurm and slurm_requeue.requeueable():
         return "SLURM", env["SLURM_JOB_ID"], int(env.get("SLURM_RESTART_COUNT", "0"))
     return None
 
 
 def plan(option, restarts_by_easyfit: int, strategy) -> Run | None:
-    """This fit's run (the same on every rank), or None when no launcher restarts it or `fault_tolerance=False`."""
-    if option is False:
-        return None
-    found = elastic_run(restarts_by_easyfit)
-    if found is None or strategy.world_size != launched_world_size(strategy):
-        return None   # a rank-local fit among the launcher's ranks (strategy="single") is not the run restarted
-    run = None
-    if strategy.is_global_zero:
-        launcher, run_id, restart = found
-        folder = os.path.join(START_DIRECTORY, DEFAULT_FOLDER) if option in (None, True) else os.fspath(option)
-        # easyfit's run id is new for every call; a launcher's lasts for the whole script
-        name = run_id if launcher == "easyfit" else f"{run_id}-fit{next(_fit_calls)}"
-        path = os.path.abspath(os.path.join(folder, re.sub(r"[^\w.-]", "_", name)))
-        restartable = restart > 0 or not (launcher == "torchrun" and run_id == DEFAULT_TORCHRUN_RUN_ID)
-        existing = [name for name in (path, f"{path}.old") if os.path.exists(name)]   # .old: see `replace`
-        run = Run(launcher, path, restart, existing[0] if restartable and existing else None)
+    """This fit's run (the same on every rank: rank 0 decides), or None when no launcher restarts it or
+    `fault_tolerance=False`."""
+    if option is False or strategy.world_size != launched_world_size(strategy):
+        return None   # off, or a rank-local fit among the launcher's ranks (strategy="single"): not the run restarted
+    if elastic_run(restarts_by_easyfit, ask_slurm=False) is None and "SLURM_JOB_ID" not in os.environ:
+        return None   # the same on every rank, from the environment alone
+    run = _rank_zero_plan(option, restarts_by_easyfit) if strategy.is_global_zero else None
     return strategy.broadcast(run) if strategy.world_size > 1 else run
+
+
+def _rank_zero_plan(option, restarts_by_easyfit: int) -> Run | None:
+    found = elastic_run(restarts_by_easyfit, ask_slurm=True)
+    if found is None:
+        return None
+    launcher, run_id, restart = found
+    folder = os.path.join(START_DIRECTORY, DEFAULT_FOLDER) if option in (None, True) else os.fspath(option)
+    # easyfit's run id is new for every call; a launcher's lasts for the whole script
+    name = run_id if launcher == "easyfit" else f"{run_id}-fit{next(_fit_calls)}"
+    path = os.path.abspath(os.path.join(folder, re.sub(r"[^\w.-]", "_", name)))
+    restartable = restart > 0 or not (launcher == "torchrun" and run_id == DEFAULT_TORCHRUN_RUN_ID)
+    existing = [name for name in (path, f"{path}.old") if os.path.exists(name)]   # .old: see `replace`
+    return Run(launcher, path, restart, existing[0] if restartable and existing else None)
 
 
 def launched_world_size(strategy) -> int:

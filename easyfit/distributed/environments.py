@@ -23,6 +23,8 @@ import re
 import socket
 
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
+#: the attempt of a fit that easyfit's launcher restarts (`max_restarts`), as it tells every rank
+RESTART_COUNT_VARIABLE = "EASYFIT_RESTART_COUNT"
 #: the working directory when easyfit was imported: re-run ranks start there even if the script changed it since
 START_DIRECTORY = os.getcwd()
 #: the MASTER_PORT this process was started with (None: easyfit chooses the ports of the ranks it starts)

@@ -12,15 +12,17 @@ import pytest
 import torch
 from runner import SCRIPTS, processes_running
 
+from easyfit.distributed.environments import find_free_port
+
 pytestmark = pytest.mark.timeout(240)
 SCRIPT = str(SCRIPTS / "elastic.py")
 KILL_THEN_RAISE = ["--every", "1", "--fail", "0:kill:1:1:2", "1:raise:1:2:1"]   # epoch 2 batch 2, epoch 3 batch 1
 
 
-def _run(out: Path, *command: str) -> subprocess.CompletedProcess:
+def _run(out: Path, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command in `out` (the fault-tolerance checkpoints' default folder is where the script starts)."""
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(list(command), cwd=out, env=env, capture_output=True, text=True, timeout=200)
 
 
@@ -70,8 +72,10 @@ def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, t
 
 def test_easyfit_max_restarts_restart_every_rank_and_continue_exactly(uninterrupted, tmp_path):
     """easyfit.launch(max_restarts=2) at the top of the script (fit's own max_restarts: see
-    tests/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure."""
-    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--launch-restarts", "2", *KILL_THEN_RAISE)
+    tests/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure. With the user's
+    MASTER_PORT every attempt meets on the same port, where the previous attempt's keys may still be."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--launch-restarts", "2", *KILL_THEN_RAISE,
+                   env={"MASTER_PORT": str(find_free_port())})
     assert process.returncode == 0, process.stderr[-5000:]
     assert ("easyfit: attempt 1 failed: rank 1: killed by signal SIGKILL; restarting every rank (restart 1 of 2)"
             in process.stderr)

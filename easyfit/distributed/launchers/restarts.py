@@ -12,10 +12,10 @@ import traceback
 import uuid
 from typing import Any, Callable
 
-from easyfit.distributed.environments import GIVEN_PORT, find_free_port
+from easyfit.distributed.environments import GIVEN_PORT, RESTART_COUNT_VARIABLE, find_free_port
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError
-from easyfit.fault_tolerance import RESTART_COUNT_VARIABLE, RUN_ID_VARIABLE
+from easyfit.fault_tolerance import RUN_ID_VARIABLE
 
 
 class RestartsExhaustedError(RankFailedError):

@@ -162,8 +162,7 @@ class ParallelStrategy(Strategy):
             return
         os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
         os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
-        store = attempt_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.world_size,
-                              self.global_rank, self.timeout)
+        store = attempt_store(self.environment, self.world_size, self.global_rank, self.timeout)
         with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
             dist.init_process_group(self.process_group_backend, store=store, rank=self.global_rank,
                                     world_size=self.world_size, timeout=self.timeout)
