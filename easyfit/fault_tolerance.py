@@ -216,9 +216,9 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
     position.resuming = position.batches_done > 0
     redone = samples - position.batches_done * batch_size * new_factor
     again = f", {redone} of its samples trained again" if redone else ""
+    where = f" (the epoch continues at step {position.batches_done}{again})" if samples else ""
     ratio = state.get("lr_multiplier", 1.0) / multiplier
     lrs = [group["lr"] for group in model.optimizer.param_groups]
     return (f"{note}; world size {saved['world_size']} → {strategy.world_size}: the data re-sharded over "
-            f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''} (the epoch continues at "
-            f"step {position.batches_done}{again}), "
+            f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''}{where}, "
             f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}")
