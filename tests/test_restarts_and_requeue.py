@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import stat
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from easyfit import fault_tolerance
 from easyfit.callbacks import Callback
 from easyfit.distributed.launchers.restarts import RestartsExhaustedError
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.resume import EpochPosition
 
 
 class RaiseOnRank1(Callback):
@@ -124,3 +126,18 @@ def test_max_restarts_under_torchrun_says_to_let_torchrun_restart(make_net, clas
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=r"torchrun started these: let it restart them \(torchrun --max-restarts=2"):
         easyfit.Model(make_net()).fit(*classification, verbose=0, accelerator="cpu", max_restarts=2)
+
+
+def test_a_restart_on_more_processes_trains_again_the_samples_of_a_partial_global_batch(make_net):
+    """1 -> 2 processes, 3 batches of 16 done: 48 samples are one new global batch of 32 and half of the next, so
+    the epoch continues at step 1 and 16 samples are trained again (the 2 -> 1 case runs for real in
+    tests/distributed/test_fault_tolerance.py)."""
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.1)   # the LR as restored for 2 processes
+    model.strategy = SimpleNamespace(world_size=2, batch_factor=2, is_global_zero=True)
+    model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
+    run = fault_tolerance.Run("torchrun", "unused", restart=1, resume_from="unused")
+    state = {"lr_multiplier": 1.0, fault_tolerance.WORLD_KEY: {"world_size": 1, "batch_factor": 1}}
+    note = fault_tolerance.resume_note(model, run, state, batch_size=16, accumulate=1, multiplier=2.0)
+    assert note == ("resumed after restart 1 from epoch 2, step 3; world size 1 → 2: the data re-sharded over 2 "
+                    "processes (the epoch continues at step 1, 16 of its samples trained again), lr 0.05 → 0.1")
+    assert model.position.batches_done == 1 and model.position.resuming
