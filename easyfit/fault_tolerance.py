@@ -136,6 +136,9 @@ class FaultToleranceCheckpoint(Callback):
             self.requeue.uninstall()
         if self.model.is_global_zero:
             remove(self.run.path)
+            folder = os.path.dirname(self.run.path)
+            if os.path.basename(folder) == DEFAULT_FOLDER and not os.listdir(folder):   # leave no empty folder
+                os.rmdir(folder)
 
     def save(self) -> None:
         save(self.model, self.run.path)
