@@ -73,9 +73,10 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
         text = f"{text}; {strategy.describe_setup()}"
     lrs = [group["lr"] for group in optimizer.param_groups]
     if multiplier == 1.0:
-        return f"{text}; lr {_fmt(lrs)} (not scaled)"
-    return f"{text}; lr {_fmt([lr / multiplier for lr in lrs])} → {_fmt(lrs)} ({rule})"
+        return f"{text}; lr {describe_lrs(lrs)} (not scaled)"
+    return f"{text}; lr {describe_lrs([lr / multiplier for lr in lrs])} → {describe_lrs(lrs)} ({rule})"
 
 
-def _fmt(lrs: list[float]) -> str:
+def describe_lrs(lrs: list[float]) -> str:
+    """'0.05, 0.1': the distinct learning rates, in order."""
     return ", ".join(f"{lr:.4g}" for lr in sorted(set(lrs)))

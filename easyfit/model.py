@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit import net_weights
+from easyfit import fault_tolerance, net_weights
 from easyfit.callbacks.backup_and_restore import backup_to_resume
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
@@ -121,6 +121,7 @@ class Model:
         epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
         run, options = split_options(kwargs, RunOptions, FitOptions)
         check_fit_options(options)
+        options.max_restarts = fault_tolerance.max_restarts_for(options.max_restarts)   # launch()'s default
         history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         return history
@@ -259,7 +260,7 @@ class Model:
         Takes fit's options (`sample_weight`, `class_weight`, run options); `history` and `completed_epochs` are
         left as they were."""
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
-        options = {"devices": 1, "lr_scaling": None, **kwargs}
+        options = {"devices": 1, "lr_scaling": None, "fault_tolerance": False, **kwargs}
         try:
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, **options)
         finally:
@@ -327,6 +328,9 @@ class Model:
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
         check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
+        if method == "_fit_in_process":
+            from easyfit.distributed.launchers.restarts import with_restarts
+            launcher = with_restarts(launcher, strategy, inputs["options"].max_restarts)
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
@@ -414,13 +418,18 @@ class Model:
             self._lr_multiplier = multiplier
             self.history = History()
             params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
-            callbacks = self._fit_callbacks(options, strategy.is_global_zero, params)
-            self._callbacks = callbacks
             initial_epoch = options.initial_epoch
-            resume_from = backup_to_resume(options.callbacks) or options.resume_from
-            if resume_from is not None:
-                self.restore(strategy.load_checkpoint(resume_from), training=True)
+            run = fault_tolerance.plan(options.fault_tolerance,
+                                       options.max_restarts if strategy.launcher is not None else 0, strategy)
+            callbacks = self._callbacks = self._fit_callbacks(options, strategy.is_global_zero, params, run)
+            resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
+            state = None if resume_from is None else strategy.load_checkpoint(resume_from)
+            if state is not None:
+                self.restore(state, training=True)
+                self.history.set_params(params)   # this fit's settings, not those of the fit that saved
                 initial_epoch = self.completed_epochs
+            if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
+                fault_tolerance.begin(self, run, state, options, params, initial_epoch)
             warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
             if options.verbose and strategy.is_global_zero:
                 print(params["summary"])
@@ -432,10 +441,13 @@ class Model:
             finally:
                 self._lr_multiplier = 1.0
 
-    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None) -> CallbackList:
-        """The History, the progress display and the user's callbacks of a fit, in that order."""
+    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None,
+                       run: fault_tolerance.Run | None = None) -> CallbackList:
+        """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
         display = progress_callbacks(options.verbose, is_global_zero)
-        return CallbackList([self.history, *display, *options.callbacks], self, params or {})
+        tolerance = [] if run is None else [fault_tolerance.FaultToleranceCheckpoint(
+            run, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
+        return CallbackList([self.history, *display, *options.callbacks, *tolerance], self, params or {})
 
     @staticmethod
     def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,

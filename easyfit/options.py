@@ -1,6 +1,7 @@
 """The options of fit / evaluate / predict: which keyword goes where, and fit's checks before any work."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -46,6 +47,9 @@ class FitOptions:
     class_weight: dict | None = None
     steps_per_epoch: int | None = None
     validation_steps: int | None = None
+    max_restarts: int | None = None   # None: as easyfit.launch(max_restarts=...) said, else 0
+    fault_tolerance: Any = None       # None: on under a launcher that restarts ranks; False: off; a folder
+    fault_tolerance_every_n_steps: int | None = None
 
 
 def split_options(kwargs: dict, *option_types) -> list:
@@ -72,4 +76,19 @@ def check_fit_options(options: FitOptions) -> None:
         check_positive_number(options.gradient_clip_val, "gradient_clip_val",
                               "a positive number (the largest total gradient norm), or None for no clipping")
     lr_multiplier(options.lr_scaling, 1)
+    check_fault_tolerance(options)
     check_fit_arguments(options)
+
+
+def check_fault_tolerance(options: FitOptions) -> None:
+    """max_restarts, fault_tolerance and fault_tolerance_every_n_steps (docs/fault-tolerance.md)."""
+    if options.max_restarts is not None and not (type(options.max_restarts) is int and options.max_restarts >= 0):
+        raise ValueError(f"max_restarts must be a non-negative integer (how often easyfit's launcher restarts the "
+                         f"ranks after a failure), got {options.max_restarts!r}")
+    if options.fault_tolerance_every_n_steps is not None:
+        check_positive_int(options.fault_tolerance_every_n_steps, "fault_tolerance_every_n_steps",
+                           "a positive number of optimizer steps, or None (a checkpoint at each epoch end only)")
+    option = options.fault_tolerance
+    if option not in (None, True, False) and not isinstance(option, (str, os.PathLike)):
+        raise TypeError(f"fault_tolerance must be False (off), True / None (on under a launcher that restarts "
+                        f"ranks) or the folder of its checkpoints, got {type(option).__name__}")

@@ -25,8 +25,12 @@ from easyfit.distributed.environment_base import ClusterEnvironment, all_set, en
 from easyfit.distributed.slurm_environment import SLURMEnvironment
 
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
+#: the attempt of a fit that easyfit's launcher restarts (`max_restarts`), as it tells every rank
+RESTART_COUNT_VARIABLE = "EASYFIT_RESTART_COUNT"
 #: the working directory when easyfit was imported: re-run ranks start there even if the script changed it since
 START_DIRECTORY = os.getcwd()
+#: the MASTER_PORT this process was started with (None: easyfit chooses the ports of the ranks it starts)
+GIVEN_PORT = os.environ.get("MASTER_PORT")
 DEFAULT_PORT = 29500
 RANKS = ("world_size", "global_rank", "local_rank")
 TORCH_RANKS = {"world_size": "WORLD_SIZE", "global_rank": "RANK", "local_rank": "LOCAL_RANK"}

@@ -229,6 +229,14 @@ class ScriptRanks:
 _script_ranks: ScriptRanks | None = None
 
 
+def forget_stopped_ranks() -> None:
+    """After a failed attempt that `max_restarts` retries: the next call starts new ranks."""
+    global _script_ranks
+    if _script_ranks is not None and _script_ranks.stopped:
+        _script_ranks.store = None   # the store it hosted closes
+        _script_ranks = None
+
+
 def running_script_world() -> tuple[int, int, int] | None:
     """(processes per node, nodes, node rank) of this script's re-run ranks while they run, else None."""
     if _script_ranks is None or _script_ranks.stopped:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, Sampler
 
+from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.ddp_comm import CommOptions, configure_communication
@@ -161,9 +162,10 @@ class ParallelStrategy(Strategy):
             return
         os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
         os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
+        store = attempt_store(self.environment, self.world_size, self.global_rank, self.timeout)
         with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
-            dist.init_process_group(self.process_group_backend, rank=self.global_rank, world_size=self.world_size,
-                                    timeout=self.timeout)
+            dist.init_process_group(self.process_group_backend, store=store, rank=self.global_rank,
+                                    world_size=self.world_size, timeout=self.timeout)
         if not self._group_ends_with_call():   # kept for later calls: destroyed when the script ends
             atexit.register(destroy_process_group)
 

@@ -1,0 +1,121 @@
+"""Fault tolerance for real: ranks killed (SIGKILL) or failing in a callback under torchrun and under easyfit's own
+`max_restarts`; every restarted attempt continues from the fault-tolerance checkpoint, and the finished run equals one
+that never failed. Each run combines several failures (one per attempt) to keep the suite short."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from runner import SCRIPTS, processes_running
+
+from easyfit.distributed.environments import find_free_port
+
+pytestmark = pytest.mark.timeout(240)
+SCRIPT = str(SCRIPTS / "elastic.py")
+KILL_THEN_RAISE = ["--every", "1", "--fail", "0:kill:1:1:2", "1:raise:1:2:1"]   # epoch 2 batch 2, epoch 3 batch 1
+
+
+def _run(out: Path, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a command in `out` (the fault-tolerance checkpoints' default folder is where the script starts)."""
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(list(command), cwd=out, env=env, capture_output=True, text=True, timeout=200)
+
+
+def _torchrun(*options: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *options]
+
+
+def _result(out: Path) -> dict:
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+def _assert_same_run(outcome: dict, expected: dict) -> None:
+    """Bit for bit the weights of the run that never failed; every epoch once in the History; the callback's count
+    carried over the restarts."""
+    for name, value in expected["state"].items():
+        assert (outcome["state"][name] - value).abs().max().item() == 0.0, name
+    assert len(outcome["history"]["loss"]) == 4
+    assert outcome["history"]["loss"] == pytest.approx(expected["history"]["loss"], abs=1e-6)
+    assert outcome["count"] == expected["count"] == 16
+
+
+def _assert_checkpoints_deleted(out: Path) -> None:
+    """The checkpoint, and its default folder with it, is gone once the fit has ended well."""
+    assert not (out / ".easyfit-fault-tolerance").exists()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The same fit, 2 processes (easyfit's launcher, ddp), never failing and without fault tolerance."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    process = _run(out, sys.executable, SCRIPT, str(out))
+    assert process.returncode == 0, process.stderr[-3000:]
+    return _result(out)
+
+
+def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, tmp_path):
+    """fsdp with a sharded checkpoint (a folder every rank writes) under torchrun --standalone: rank 1 killed in
+    epoch 2, then raising in epoch 3; the restarted workers meet and continue."""
+    process = _run(tmp_path, *_torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=2"), SCRIPT,
+                   str(tmp_path), "--strategy", "fsdp-sharded", *KILL_THEN_RAISE)
+    assert process.returncode == 0, process.stderr[-5000:]
+    assert "deliberate failure on rank 1 in epoch 3, batch 1" in process.stderr
+    assert "resumed after restart 1 from epoch 2, step 2" in process.stderr
+    assert "resumed after restart 2 from epoch 3, step 1" in process.stderr
+    _assert_same_run(_result(tmp_path), uninterrupted)
+    _assert_checkpoints_deleted(tmp_path)
+
+
+def test_easyfit_max_restarts_restart_every_rank_and_continue_exactly(uninterrupted, tmp_path):
+    """easyfit.launch(max_restarts=2) at the top of the script (fit's own max_restarts: see
+    tests/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure. With the user's
+    MASTER_PORT every attempt meets on the same port, where the previous attempt's keys may still be."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--launch-restarts", "2", *KILL_THEN_RAISE,
+                   env={"MASTER_PORT": str(find_free_port())})
+    assert process.returncode == 0, process.stderr[-5000:]
+    assert ("easyfit: attempt 1 failed: rank 1: killed by signal SIGKILL; restarting every rank (restart 1 of 2)"
+            in process.stderr)
+    assert ("easyfit: attempt 2 failed: rank 1: RuntimeError: deliberate failure on rank 1 in epoch 3, batch 1; "
+            "restarting every rank (restart 2 of 2)") in process.stderr
+    assert "resumed after restart 2 from epoch 3, step 1" in process.stderr
+    _assert_same_run(_result(tmp_path), uninterrupted)
+    _assert_checkpoints_deleted(tmp_path)
+    assert processes_running(str(tmp_path)) == []
+
+
+def test_a_restart_on_fewer_processes_reshards_the_data_and_rescales_the_lr(tmp_path):
+    """A node lost (its torchrun agent killed in epoch 2); the run goes on on one process with the same run id: every
+    sample of each epoch trained once, and the summary line says what changed."""
+    rendezvous = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id=shrink-{os.getpid()}",
+                  "--max-restarts=1"]
+    lost = _run(tmp_path, *_torchrun(*rendezvous, "--nproc-per-node=2"), SCRIPT, str(tmp_path), "--record",
+                "--every", "2", "--fail", "0:lose-node:0:1:2")
+    assert lost.returncode != 0
+    process = _run(tmp_path, *_torchrun(*rendezvous, "--nproc-per-node=1"), SCRIPT, str(tmp_path), "--record",
+                   "--every", "2")
+    assert process.returncode == 0, process.stderr[-5000:]
+    outcome = _result(tmp_path)
+    assert outcome["world_size"] == 1 and len(outcome["history"]["loss"]) == 4
+    assert ("resumed the run's checkpoint from epoch 2, step 2; world size 2 → 1: the data re-sharded over 1 "
+            "process (the epoch continues at step 4), lr 0.1 → 0.05") in outcome["summary"]
+    before = _seen(tmp_path, "seen-2-0-*.txt", epoch=1, batches=range(2))   # trained before the checkpoint
+    after = {epoch: _seen(tmp_path, "seen-1-0-0.txt", epoch) for epoch in (1, 2, 3)}
+    assert sorted(before + after[1]) == list(range(128))
+    assert sorted(after[2]) == sorted(after[3]) == list(range(128))
+    _assert_checkpoints_deleted(tmp_path)
+
+
+def _seen(out: Path, pattern: str, epoch: int, batches=None) -> list[int]:
+    """The sample indices the recording ranks trained in `epoch` (optionally only in `batches`)."""
+    indices = []
+    for path in out.glob(pattern):
+        for line in path.read_text().splitlines():
+            at_epoch, batch, *samples = map(int, line.split())
+            if at_epoch == epoch and (batches is None or batch in batches):
+                indices += samples
+    return indices
