@@ -7,14 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit import fault_tolerance, net_weights
-from easyfit.callbacks.backup_and_restore import backup_to_resume
-from easyfit.callbacks.base import Callback, CallbackList
+from easyfit import net_weights
+from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.history import History
-from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.compiling import CompiledSteps, check_compile
-from easyfit.data import batch_count, interleave, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
@@ -22,16 +19,11 @@ from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.construction import check_call, prepare_for_state
 from easyfit.distributed.unused_parameters import explain_unused_parameters
-from easyfit.first_batch import prepare, prepare_fit_data
-from easyfit.loop import Loop, TrainingObjects, TrainingSettings
+from easyfit.fault_tolerance import max_restarts_for
+from easyfit.in_process import CALLS, fit_callbacks
+from easyfit.loop import TrainingObjects
 from easyfit.losses import resolve_loss
-from easyfit.lr_scaling import (
-    Warmup,
-    describe,
-    lr_multiplier,
-    rescale_learning_rates,
-    scaled_learning_rates,
-)
+from easyfit.lr_scaling import rescale_learning_rates
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import (
     build_optimizer,
@@ -41,19 +33,12 @@ from easyfit.optimizers import (
     optimizer_name,
     parameter_groups,
 )
-from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
+from easyfit.options import FitOptions, RunOptions, as_keywords, call_options, check_fit_options, run_options_documented
 from easyfit.precision import Precision, parse_precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
-from easyfit.steps import limit_steps
 from easyfit.tensors import sample_count
-from easyfit.validation import (
-    callback_list,
-    check_model_arguments,
-    check_positive_int,
-    check_verbose,
-)
-from easyfit.weights import validation_weight, weigh_batches
+from easyfit.validation import callback_list, check_model_arguments, check_positive_int, check_verbose
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -114,36 +99,92 @@ class Model:
         return (self._identity or launch_identity())[1]
 
     # --- public API ---------------------------------------------------------------------
-    def fit(self, x=None, y=None, **kwargs) -> History:
-        """Train on (x, y) arrays/tensors, a Dataset, a DataLoader or an iterable of batches.
+    @run_options_documented
+    def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
+            seed=0, resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
+            lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
+            devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+            auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+            **unknown) -> History:
+        """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
-        `epochs` is the index of the last epoch, as in Keras: resuming a checkpoint saved after epoch 4 with
-        epochs=8 trains epochs 5 to 8. See docs/api.md for every option."""
-        run, options = split_options(kwargs, RunOptions, FitOptions)
+        Args:
+            x: inputs: an array or tensor (a list of them for several inputs), a Dataset, a DataLoader (used as
+                given) or any re-iterable of batches `(x, y)`, `(x1, x2, ..., y)` or dicts.
+            y: targets for array / tensor `x`; None when `x` yields its own targets.
+            batch_size: samples per batch and process (default 32); the effective batch is this × the processes.
+            epochs: the index of the last epoch, as in Keras: resuming after epoch 4 with epochs=8 trains 5 to 8.
+            verbose: 0 silent, 1 a progress bar, 2 a line per epoch; "auto" (default) 1 on a terminal, else 2.
+            callbacks: Callback objects (EarlyStopping, ModelCheckpoint, ...), or one alone (default none).
+            validation_split: the share of the samples (the last ones) held out for validation (default 0.0).
+            validation_data: `(x_val, y_val)`, `(x_val, y_val, weights)`, a Dataset or a DataLoader (default None).
+            shuffle: reshuffle the training samples every epoch, as a function of (seed, epoch) (default True).
+            class_weight: {class index: weight} weighing each sample's loss by its class (default None).
+            sample_weight: one weight per training sample, for array / tensor `x` (default None).
+            initial_epoch: the epoch to start at, e.g. to continue a previous fit (default 0).
+            steps_per_epoch: batches per epoch; None (default): all of them.
+            validation_steps: validation batches per evaluation; None (default): all of them.
+            validation_batch_size: the validation batch size; None (default): batch_size.
+            validation_freq: validate every this many epochs (default 1).
+            seed: the seed of the shuffle order (default 0).
+            resume_from: a checkpoint (ModelCheckpoint, BackupAndRestore, save()) to continue exactly (default None).
+            gradient_accumulation_steps: batches whose gradients make one optimizer step (default 1).
+            gradient_clip_val: clip the total gradient norm to this value; None (default): no clipping.
+            lr_scaling: scale the LR by the batches per step: "linear" (default), "sqrt" or None.
+            lr_warmup_epochs: ramp the LR up from 0 over this many epochs (default 0).
+            max_restarts: restart the ranks of a failed attempt this often; None (default): easyfit.launch's, or 0.
+            fault_tolerance: None (default): checkpoint under a launcher that restarts ranks; False; or its folder.
+            fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
+        """
+        run, options = call_options(locals(), RunOptions, FitOptions)
         check_fit_options(options)
-        options.max_restarts = fault_tolerance.max_restarts_for(options.max_restarts)   # launch()'s default
-        history = self._dispatch("_fit_in_process", run, x=x, y=y, options=options)
+        options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
+        history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         return history
 
-    def evaluate(self, x=None, y=None, batch_size: int = 32, verbose: int = 1, callbacks=None,
-                 return_dict: bool = False, **kwargs):
+    @run_options_documented
+    def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, *,
+                 devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+                 auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+                 **unknown):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
-        no metrics, else [loss, metric, ...] in the order given to the Model; {"loss": ..., ...} with return_dict."""
-        (run,) = split_options(kwargs, RunOptions)
+        no metrics, else [loss, metric, ...] in the order given to the Model.
+
+        Args:
+            x, y: the data, in any form fit takes.
+            batch_size: samples per batch and process (default 32).
+            verbose: 0 silent, 1 (default) a progress bar, 2 one line.
+            callbacks: Callback objects whose test hooks run (default none).
+            return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
+        """
+        (run,) = call_options(locals(), RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
-        logs = self._dispatch("_evaluate_in_process", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
+        logs = self._dispatch("evaluate", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
                               callbacks=callback_list(callbacks))
         return scores_result(logs, self.metrics.names, return_dict)
 
-    def predict(self, x, batch_size: int = 32, verbose: int = 0, callbacks=None, **kwargs):
+    @run_options_documented
+    def predict(self, x, batch_size=32, verbose=0, callbacks=None, *,
+                devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+                auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+                **unknown):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
-        otherwise; float32 under mixed precision."""
-        (run,) = split_options(kwargs, RunOptions)
+        otherwise; float32 under mixed precision.
+
+        Args:
+            x: the inputs, in any form fit takes; every element of a batch goes to the net (no targets).
+            batch_size: samples per batch and process (default 32).
+            verbose: 0 (default) silent, 1 a progress bar.
+            callbacks: Callback objects whose predict hooks run (default none).
+        """
+        (run,) = call_options(locals(), RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
-        outputs = self._dispatch("_predict_in_process", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
+        outputs = self._dispatch("predict", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
                                  callbacks=callback_list(callbacks))
         return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
 
@@ -217,10 +258,6 @@ class Model:
         from easyfit.batch_size_finder import find_batch_size
         return find_batch_size(self, x, y, **kwargs)
 
-    def _find_batch_size_in_process(self, run: RunOptions, **inputs) -> int:
-        from easyfit.batch_size_finder import search_in_process
-        return search_in_process(self, run, **inputs)
-
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
         from easyfit.summary import summarize
@@ -254,28 +291,48 @@ class Model:
         """The number of parameters of the net (trainable or not; buffers are not parameters)."""
         return sum(p.numel() for p in self.net.parameters())
 
-    def train_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
+    @run_options_documented
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *,
+                       devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+                       auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+                       **unknown):
         """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
+        `history` and `completed_epochs` are left as they were.
 
-        Takes fit's options (`sample_weight`, `class_weight`, run options); `history` and `completed_epochs` are
-        left as they were."""
+        Args:
+            x, y: one batch, as arrays or tensors.
+            sample_weight: one weight per sample (default None).
+            class_weight: {class index: weight} (default None).
+            return_dict: {"loss": ..., ...} instead of a list (default False).
+        """
+        (run,) = call_options(locals(), RunOptions)
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
-        options = {"devices": 1, "lr_scaling": None, "fault_tolerance": False, **kwargs}
         try:
-            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, **options)
+            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
+                              fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
+                              **as_keywords(run))
         finally:
             self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
         logs = {key: values[-1] for key, values in result.history.items()}
         return scores_result(logs, self.metrics.names, return_dict)
 
-    def test_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
-        """`evaluate` on exactly this batch."""
-        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict,
-                             **{"devices": 1, **kwargs})
+    @run_options_documented
+    def test_on_batch(self, x, y=None, return_dict=False, *,
+                      devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+                      auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+                      **unknown):
+        """`evaluate` on exactly this batch (x, y); `return_dict` as there."""
+        (run,) = call_options(locals(), RunOptions)
+        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **as_keywords(run))
 
-    def predict_on_batch(self, x, **kwargs):
+    @run_options_documented
+    def predict_on_batch(self, x, *,
+                         devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
+                         auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
+                         **unknown):
         """`predict` on exactly this batch."""
-        return self.predict(x, batch_size=sample_count(x), verbose=0, **{"devices": 1, **kwargs})
+        (run,) = call_options(locals(), RunOptions)
+        return self.predict(x, batch_size=sample_count(x), verbose=0, **as_keywords(run))
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -319,8 +376,9 @@ class Model:
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
-        """Run `method` in this process or, via the strategy's launcher, in every rank."""
-        training_memory = estimate(self.net, self.optimizer) if method == "_fit_in_process" else None
+        """Run the call `method` ("fit", "evaluate", ...: easyfit.in_process.CALLS) in this process or, via the
+        strategy's launcher, in every rank."""
+        training_memory = estimate(self.net, self.optimizer) if method == "fit" else None
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
                            training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
@@ -328,7 +386,7 @@ class Model:
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
         check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
-        if method == "_fit_in_process":
+        if method == "fit":
             from easyfit.distributed.launchers.restarts import with_restarts
             launcher = with_restarts(launcher, strategy, inputs["options"].max_restarts)
         if launcher is None:
@@ -337,10 +395,10 @@ class Model:
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
-        if method == "_fit_in_process":   # the ranks trained copies: bring rank 0's state into the caller's objects
+        if method == "fit":   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
             options = inputs["options"]
-            self._fit_callbacks(options, is_global_zero=True).load_state_dict(state["callbacks"])
+            fit_callbacks(self, options, is_global_zero=True).load_state_dict(state["callbacks"])
             restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history
         return result
@@ -356,10 +414,10 @@ class Model:
         hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
         try:
             with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy):
-                result = getattr(self, method)(run, **inputs)
+                result = CALLS[method](self, run, **inputs)
             if not hand_back:
                 return result, None
-            if method != "_fit_in_process":
+            if method != "fit":
                 return result, {"warnings": caught}
             # a History refers to the whole Model: the caller rebuilds its own from the state instead
             return None, {**self.checkpoint_state(), "warnings": caught,
@@ -371,150 +429,4 @@ class Model:
             raise explained from error
         finally:
             strategy.teardown()
-
-    def _fit_in_process(self, run: RunOptions, x, y, options: FitOptions) -> History:
-        strategy, precision = self.strategy, self._precision
-        validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
-        if options.validation_split:
-            if validation_data is not None:
-                raise ValueError("pass either validation_data or validation_split, not both")
-            (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
-        train = make_batches(x, y, batch_size=options.batch_size, strategy=strategy, train=True,
-                             shuffle=options.shuffle, seed=options.seed, num_workers=run.num_workers,
-                             replace_sampler=run.replace_sampler, float_dtype=precision.float_dtype)
-        val = None
-        if validation_data is not None:
-            val = make_batches(*_as_pair(validation_data),
-                               batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
-                               train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                               float_dtype=precision.float_dtype)
-        loss_fn = weighted_loss = self.loss_fn
-        if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
-            train, val, weighted_loss = weigh_batches(loss_fn, train, val, options.sample_weight,
-                                                      options.class_weight, val_weight, bool(options.validation_split))
-        train = limit_steps(train, options.steps_per_epoch, "training")
-        val = None if val is None else limit_steps(val, options.validation_steps, "validation")
-        precision.convert_module(self.net)
-        settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
-                                    options.gradient_clip_val, self.scheduler_interval, precision.name)
-        strategy.configure_training(settings)
-        user_optimizer, user_scheduler = self.optimizer, self.scheduler
-        objects = TrainingObjects(*strategy.setup(self.net, user_optimizer, user_scheduler))
-        # from here until the fit ends, Model and the callbacks use what the strategy returned
-        self._training, self.optimizer, self.scheduler = objects, objects.optimizer, objects.scheduler
-        self.loss_fn = weighted_loss   # the loop computes this fit's loss (weighted when weights were given)
-        try:
-            self._train(options, train, val, settings, objects)
-        finally:
-            self._training, self.optimizer, self.scheduler = None, user_optimizer, user_scheduler
-            self.loss_fn = loss_fn
-        strategy.hand_back(self.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
-        return self.history
-
-    def _train(self, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
-        strategy, optimizer = self.strategy, objects.optimizer
-        multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
-        with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
-            self._lr_multiplier = multiplier
-            self.history = History()
-            params = self._fit_params(options, strategy, optimizer, multiplier, batch_count(train))
-            initial_epoch = options.initial_epoch
-            run = fault_tolerance.plan(options.fault_tolerance,
-                                       options.max_restarts if strategy.launcher is not None else 0, strategy)
-            callbacks = self._callbacks = self._fit_callbacks(options, strategy.is_global_zero, params, run)
-            resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
-            state = None if resume_from is None else strategy.load_checkpoint(resume_from)
-            if state is not None:
-                self.restore(state, training=True)
-                self.history.set_params(params)   # this fit's settings, not those of the fit that saved
-                initial_epoch = self.completed_epochs
-            if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
-                fault_tolerance.begin(self, run, state, options, params, initial_epoch)
-            warmup = self._warmup(options, train, optimizer, multiplier, initial_epoch, self.position)
-            if options.verbose and strategy.is_global_zero:
-                print(params["summary"])
-            self.stop_training = False
-            prepare_fit_data(self, objects.net, train, val)   # after a resume: a bad checkpoint runs no forward
-            try:
-                Loop(self, strategy, callbacks, objects, settings, warmup).fit(
-                    train, val, options.epochs, initial_epoch, options.validation_freq)
-            finally:
-                self._lr_multiplier = 1.0
-
-    def _fit_callbacks(self, options: FitOptions, is_global_zero: bool, params: dict | None = None,
-                       run: fault_tolerance.Run | None = None) -> CallbackList:
-        """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
-        display = progress_callbacks(options.verbose, is_global_zero)
-        tolerance = [] if run is None else [fault_tolerance.FaultToleranceCheckpoint(
-            run, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
-        return CallbackList([self.history, *display, *options.callbacks, *tolerance], self, params or {})
-
-    @staticmethod
-    def _warmup(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
-                position: EpochPosition) -> Warmup | None:
-        """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
-        if not options.lr_warmup_epochs:
-            return None
-        num_batches = batch_count(train)
-        if num_batches is None:
-            raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
-                             "this data has no length")
-        accumulate = options.gradient_accumulation_steps
-        steps_per_epoch = -(-num_batches // accumulate)   # a short last window steps too
-        return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
-                      steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
-
-    def _fit_params(self, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
-                    steps_per_epoch: int | None) -> dict:
-        return {
-            "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
-            "validation_freq": options.validation_freq,
-            "validation": options.validation_data is not None or bool(options.validation_split),
-            "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
-            "effective_batch_size": options.batch_size * strategy.batch_factor,
-            "steps_per_epoch": steps_per_epoch,
-            "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
-            "strategy": strategy.name, "precision": self._precision.name,
-            "summary": describe(options.batch_size, strategy, options.lr_scaling, optimizer, multiplier),
-        }
-
-    def _eval_loop(self, verbose: int, callbacks: list[Callback]) -> Loop:
-        strategy = self.strategy
-        self._precision.convert_module(self.net)
-        display = progress_callbacks(verbose, strategy.is_global_zero)
-        callback_list = CallbackList([*display, *callbacks], self, {"verbose": verbose})
-        return Loop(self, strategy, callback_list, TrainingObjects(self.net))
-
-    def _evaluate_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
-        batches = make_batches(x, y, batch_size=batch_size, strategy=self.strategy, train=False,
-                               num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                               float_dtype=self._precision.float_dtype)
-        loop = self._eval_loop(verbose, callbacks)
-        prepare(self, self.net, batches, "the evaluation data")
-        return loop.evaluate(batches)
-
-    def _predict_in_process(self, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
-        strategy = self.strategy
-        batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
-                               num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                               float_dtype=self._precision.float_dtype)
-        loop = self._eval_loop(verbose, callbacks)
-        prepare(self, self.net, batches, "the data", targets=False)
-        outputs = loop.predict(batches)
-        tensors = all(isinstance(output, torch.Tensor) for output in outputs)
-        if strategy.world_size == 1 or not getattr(batches, "sharded", False):
-            return torch.cat(outputs) if outputs and tensors else outputs
-        if not tensors:
-            raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "
-                            f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
-                            "predict with strategy='single' (or devices=1) instead")
-        local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
-        return interleave(strategy.all_gather(local))
-
-
-def _as_pair(validation_data) -> tuple:
-    """validation_data as (x, y): a 2-tuple of arrays, or a dataset / loader with y=None."""
-    if isinstance(validation_data, tuple) and len(validation_data) == 2:
-        return validation_data
-    return validation_data, None
 

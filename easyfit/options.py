@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from easyfit.lr_scaling import lr_multiplier
@@ -36,7 +36,7 @@ class FitOptions:
     shuffle: bool = True
     seed: int = 0
     verbose: int | str = "auto"
-    callbacks: list = field(default_factory=list)
+    callbacks: Any = None   # a list after check_fit_options
     initial_epoch: int = 0
     resume_from: str | None = None
     gradient_accumulation_steps: int = 1
@@ -52,6 +52,38 @@ class FitOptions:
     fault_tolerance_every_n_steps: int | None = None
 
 
+RUN_OPTIONS_DOC = """
+        Run options (every call takes them; where it runs and how):
+            devices: a count (on a CPU: processes), -1 for all, a list of ids, "auto" (default) or "auto_select".
+            accelerator: "auto" (default: CUDA, then MPS, then the CPU), "cpu", "gpu" / "cuda", "mps" or "tpu".
+            strategy: "auto" (default), a name ("ddp", "fsdp", "deepspeed", "pipeline", ...) or a Strategy object.
+            num_nodes: machines taking part; `devices` is per machine (default 1).
+            precision: "32", "64", "bf16-mixed" or "16-mixed"; None (default): as the previous call ("32" at first).
+            compile: True, a torch.compile mode or a dict of its options: compile the step (default False).
+            auto_select_gpus: take the first `devices` GPUs that accept work, not the first ones (default False).
+            process_group_backend: "nccl", "gloo", ...; None (default): nccl on CUDA, gloo otherwise.
+            num_workers: DataLoader workers for in-memory data and datasets (default 0).
+            replace_sampler: give a DataLoader's own sampler each process's share (default True).
+"""
+
+
+def run_options_documented(method):
+    """Add the run options to a call's docstring, so that help() lists every argument."""
+    method.__doc__ = (method.__doc__ or "").rstrip() + "\n" + RUN_OPTIONS_DOC
+    return method
+
+
+def call_options(arguments: dict, *option_types) -> list:
+    """The options dataclasses of a call, from its arguments (its `locals()`, whose `unknown` holds the keywords its
+    signature does not name: refused by name, with the closest valid one)."""
+    unknown = sorted(arguments.get("unknown", {}))
+    if unknown:
+        known = [name for name in arguments if name not in ("self", "unknown")]
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
+                        f"Valid ones: {', '.join(sorted(known))}.")
+    return [option_type(**{f.name: arguments[f.name] for f in fields(option_type)}) for option_type in option_types]
+
+
 def split_options(kwargs: dict, *option_types) -> list:
     """Build each options dataclass from the keyword arguments it knows; reject the rest by name."""
     known = {f.name for option_type in option_types for f in fields(option_type)}
@@ -61,6 +93,11 @@ def split_options(kwargs: dict, *option_types) -> list:
                         f"Valid ones: {', '.join(sorted(known))}.")
     return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
             for option_type in option_types]
+
+
+def as_keywords(options) -> dict:
+    """An options dataclass as keyword arguments (its values themselves, not copies)."""
+    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 def check_fit_options(options: FitOptions) -> None:

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from easyfit.distributed.environments import INTERACTIVE_SLURM_JOBS
+from easyfit.distributed.slurm_environment import INTERACTIVE_SLURM_JOBS
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 SCONTROL_TIMEOUT_SECONDS = 30
