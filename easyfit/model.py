@@ -13,7 +13,7 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.data import batch_count, interleave, make_batches, split_validation
+from easyfit.data import batch_count, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
@@ -299,6 +299,7 @@ class Model:
                            training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
         check_call(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
+        strategy.check_net(self.net)
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
@@ -470,7 +471,7 @@ class Model:
                             f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
                             "predict with strategy='single' (or devices=1) instead")
         local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
-        return interleave(strategy.all_gather(local))
+        return strategy.gather_outputs(local)
 
 
 def _build_scheduler(scheduler, optimizer):
