@@ -3,12 +3,14 @@
 Usage: python pipeline.py OUT_DIR CHECKS [--devices 2]
 CHECKS is a comma-separated list of:
   parity      Adam, 2 epochs, batch 20 in 3 micro-batches (every batch leaves a rest micro-batch): gpipe and 1f1b,
-              balance [2, 2] and "auto", with accumulation 2 and clipping 0.5, and one plain case (weights after fit)
+              balance [2, 2] and "auto", with accumulation 2 and clipping 0.5, one plain case, and interleaved
+              1F1B (2 stages per rank) (weights after fit)
   evaluate    after a fit with validation: the last epoch's val_loss / val_accuracy, and evaluate and predict on 2
               stages, on 101 samples in batches of 8 (the weights are in result too)
   resume      ModelCheckpoint after 2 of 4 epochs on 2 stages, resumed to 4 on 1 stage x 2 replicas, beside 4
               straight; and a rank-0-only save after fit
-  mesh        (4 processes) 2 stages x 2 replicas against plain PyTorch, and a resume from that onto 4 stages
+  mesh        (4 processes) 2 stages x 2 replicas, 2 epochs, against plain PyTorch, and a resume after epoch 1 onto
+              4 stages
 Each rank writes OUT_DIR/<rank>.pt with what it measured.
 """
 import argparse
@@ -35,6 +37,8 @@ PARITY_CASES = {   # name -> (Pipeline options, fit options)
     "1f1b_auto": ({"balance": "auto", "schedule": "1f1b", "checkpoint": "never"},
                   {"gradient_accumulation_steps": 2, "gradient_clip_val": 0.5}),
     "1f1b_plain": ({"schedule": "1f1b"}, {}),
+    "interleaved_auto": ({"schedule": "interleaved_1f1b"}, {"gradient_accumulation_steps": 2,
+                                                            "gradient_clip_val": 0.5}),
 }
 
 
@@ -78,9 +82,9 @@ def resume(devices: int, out: str) -> dict:
 
 def mesh(devices: int, out: str) -> dict:
     pattern = os.path.join(out, "mesh-epoch{epoch}.pt")
-    two_by_two = fit(Pipeline(stages=2, microbatches=3), devices, batch_size=10, epochs=4,
+    two_by_two = fit(Pipeline(stages=2, microbatches=3), devices, batch_size=10, epochs=2,
                      callbacks=[ModelCheckpoint(pattern, monitor="loss")])
-    resumed = fit(Pipeline(microbatches=4), devices, batch_size=20, epochs=4, resume_from=pattern.format(epoch=2))
+    resumed = fit(Pipeline(microbatches=4), devices, batch_size=20, epochs=2, resume_from=pattern.format(epoch=1))
     return {"weights": two_by_two.net.state_dict(), "resumed": resumed.net.state_dict()}
 
 
