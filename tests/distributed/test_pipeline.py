@@ -157,3 +157,15 @@ def test_activation_checkpointing_runs_per_micro_batch(monkeypatch, policy, chec
     for _ in range(3):
         stage(torch.ones(1, 2))
     assert len(calls) == checkpointed
+
+
+@pytest.mark.gpu
+def test_one_stage_on_a_gpu_trains_as_plain_pytorch():
+    """Device discipline: everything the strategy creates lies on the strategy's device (a CUDA GPU here)."""
+    x, y = make_data()
+    net = make_pipeline_net()
+    model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=0.01), metrics=["accuracy"])
+    model.fit(x, y, batch_size=20, epochs=2, shuffle=False, verbose=0, devices=1, accelerator="gpu",
+              strategy=Pipeline(microbatches=3), validation_data=(x[:50], y[:50]))
+    expected = reference()
+    assert max_difference({k: v.cpu() for k, v in net.state_dict().items()}, expected) <= 1e-4
