@@ -87,6 +87,9 @@ class PipelineStrategy(ParallelStrategy):
         return "pipeline replicas" if self.batch_factor != 1 else "pipeline replica"
 
     def check_call(self, call) -> None:
+        if call.interactive and not call.external and len(call.devices) > 1:
+            raise ValueError("strategy='pipeline' re-runs your script in each extra process, but this is a notebook "
+                             "or REPL: run the code as a script (or under torchrun)")
         world = len(call.devices) * call.num_nodes if not call.external else call.environment.world_size()
         size = self.stages or world
         if size > world:
