@@ -5,7 +5,8 @@ beside the bubble fraction GPipe's theory gives, (p - 1) / (m + p - 1), and a pl
 
 The net is 8 blocks of Linear(1024, 1024) + ReLU and a Linear(1024, 10) head (8.4 M parameters), batch 512, SGD,
 one torch thread per process on the CPU; each figure is the median step after 3 warm-up steps (the script re-runs
-itself as rank 1). "ideal" is the plain step split over p stages with GPipe's bubble: plain / p * (m + p - 1) / m.
+itself as rank 1; the plain step runs on every process at once, as the stages do). "ideal / plain" is the plain
+step split over p stages with GPipe's bubble: (m + p - 1) / (m p).
 """
 from __future__ import annotations
 
@@ -80,17 +81,21 @@ def main() -> None:
     parser.add_argument("--schedule", default="gpipe")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = {m: pipeline_step(args.steps, m, args.accelerator, args.schedule) for m in (1, 2, 4, 8)
-            if args.schedule != "1f1b" or m >= STAGES}
+    device = "cuda" if args.accelerator == "cuda" else "cpu"
+    rows = {}
+    for m in (1, 2, 4, 8):   # each round: the plain step (on every process at once), then the pipeline's
+        if args.schedule != "1f1b" or m >= STAGES:
+            rows[m] = plain_step(args.steps, device), pipeline_step(args.steps, m, args.accelerator, args.schedule)
     if launch_identity()[0] != 0:
         return
-    plain = plain_step(args.steps, "cuda" if args.accelerator == "cuda" else "cpu")
-    print(f"plain PyTorch, one process: {plain * 1e3:.1f} ms per step of {BATCH}")
-    print(f"{'micro-batches':>13s} {'step ms':>8s} {'/ plain':>8s} {'ideal ms':>9s} {'bubble (p-1)/(m+p-1)':>21s}")
-    for m, step in rows.items():
-        ideal = plain / STAGES * (m + STAGES - 1) / m
+    print(f"{STAGES} stages, {args.schedule}, batch {BATCH}; plain = a hand-written step of the whole net on one "
+          "process, measured just before")
+    print(f"{'micro-batches':>13s} {'plain ms':>9s} {'step ms':>8s} {'/ plain':>8s} {'ideal / plain':>14s} "
+          f"{'bubble (p-1)/(m+p-1)':>21s}")
+    for m, (plain, step) in rows.items():
+        ideal = (m + STAGES - 1) / m / STAGES
         bubble = (STAGES - 1) / (m + STAGES - 1)
-        print(f"{m:13d} {step * 1e3:8.1f} {step / plain:8.2f} {ideal * 1e3:9.1f} {bubble:21.2f}")
+        print(f"{m:13d} {plain * 1e3:9.1f} {step * 1e3:8.1f} {step / plain:8.2f} {ideal:14.2f} {bubble:21.2f}")
 
 
 if __name__ == "__main__":

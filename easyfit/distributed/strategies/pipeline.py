@@ -17,6 +17,7 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.data import EvalSampler, interleave
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy
+from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.pipeline_engine import Layout, PipelinedNet
 from easyfit.distributed.strategies.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategies.pipeline_state import (
@@ -195,14 +196,9 @@ class PipelineStrategy(ParallelStrategy):
 
     # --- the step -------------------------------------------------------------------
     def _average_gradients(self) -> None:
-        replicas = self.world_size // self.pipeline_size
-        if replicas == 1:
-            return
-        for param in self._trained:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            dist.all_reduce(param.grad, group=self._groups[1])
-            param.grad /= replicas
+        """Over the replicas of this rank's stage."""
+        if self.batch_factor > 1:
+            average_gradients(self._trained, self.batch_factor, self._groups[1])
 
     @contextlib.contextmanager
     def no_sync(self, net):
