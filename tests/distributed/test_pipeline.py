@@ -11,7 +11,6 @@ from torch import nn
 import easyfit
 from easyfit.distributed.strategies.pipeline_engine import parts
 from easyfit.distributed.strategies.pipeline_split import CheckpointedStage, auto_balance, layers_of
-from easyfit.precision import Precision
 from easyfit.strategies import Pipeline
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,11 +125,11 @@ def test_bad_options_are_refused_when_the_strategy_is_made(options, message):
         Pipeline(**options)
 
 
-def test_loss_scaled_half_precision_is_refused_with_the_alternative():
-    strategy = Pipeline()
-    strategy.configure("cpu", [torch.device("cpu")] * 2)
-    with pytest.raises(ValueError, match="bf16-mixed"):
-        strategy.precision_plugin(Precision("32"), "16-mixed")
+def test_loss_scaled_half_precision_is_refused_before_any_process_starts():
+    x, y = make_data()
+    with pytest.raises(ValueError, match="Use precision='bf16-mixed'"):
+        easyfit.Model(make_pipeline_net(), "cross_entropy", "sgd").fit(
+            x, y, epochs=1, verbose=0, devices=2, accelerator="cpu", strategy="pipeline", precision="16-mixed")
 
 
 # --- the parts, alone ------------------------------------------------------------------------------

@@ -116,12 +116,10 @@ class PipelineStrategy(ParallelStrategy):
             self._groups = pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]
 
     # --- precision ------------------------------------------------------------------
-    def precision_plugin(self, current: Precision, requested) -> Precision:
-        plugin = super().precision_plugin(current, requested)
-        if plugin.scaler is not None:
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed":
             raise ValueError("strategy='pipeline' trains in precision '32', 'bf16-mixed' or '64'; '16-mixed' scales "
                              "the loss and would skip a step on some stages only. Use precision='bf16-mixed'.")
-        return plugin
 
     # --- the net --------------------------------------------------------------------
     def _split(self, net: nn.Module) -> PipelinedNet:
