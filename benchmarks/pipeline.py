@@ -1,13 +1,13 @@
 """Pipeline schedule efficiency: step time of strategy="pipeline" on 2 stages (GPipe) for 1, 2, 4 and 8 micro-batches,
 beside the bubble fraction GPipe's theory gives, (p - 1) / (m + p - 1), and a plain PyTorch step on one process.
 
-    python benchmarks/pipeline.py [--steps N] [--accelerator cpu|cuda] [--schedule gpipe|1f1b]
+    python benchmarks/pipeline.py [--steps N] [--repeats R] [--accelerator cpu|cuda] [--schedule gpipe|1f1b]
 
 The net is 8 blocks of Linear(1024, 1024) + ReLU and a Linear(1024, 10) head (8.4 M parameters), batch 512, SGD,
-one torch thread per process on the CPU; each figure is the median step after 3 warm-up steps (the script re-runs
-itself as rank 1). Before each pipeline run, every process times the plain step of the whole net at once (as the
-stages run at once); "plain" is the fastest of those. "ideal / plain" is the plain step split over p stages with
-GPipe's bubble: (m + p - 1) / (m p).
+one torch thread per process on the CPU (the script re-runs itself as rank 1). Each figure is the median step after
+3 warm-up steps, the fastest of R rounds over the counts. Before each pipeline run, rank 0 alone times the plain
+step of the whole net (rank 1 waits for the next call, idle); "plain" is the fastest of those, the least disturbed
+by other load. "ideal / plain" is the plain step split over p stages with GPipe's bubble: (m + p - 1) / (m p).
 """
 from __future__ import annotations
 
@@ -80,22 +80,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--schedule", default="gpipe")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the counts; each figure is the fastest")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = "cuda" if args.accelerator == "cuda" else "cpu"
-    rows = {}
-    for m in (1, 2, 4, 8):   # each round: the plain step (on every process at once), then the pipeline's
-        if args.schedule != "1f1b" or m >= STAGES:
-            rows[m] = plain_step(args.steps, device), pipeline_step(args.steps, m, args.accelerator, args.schedule)
+    counts = [m for m in (1, 2, 4, 8) if args.schedule != "1f1b" or m >= STAGES]
+    plains, rows = [], {m: [] for m in counts}
+    for _ in range(args.repeats):   # each round: the plain step (rank 0 alone), then the pipeline's for each count
+        for m in counts:
+            plains.append(plain_step(args.steps, device) if launch_identity()[0] == 0 else 0.0)
+            rows[m].append(pipeline_step(args.steps, m, args.accelerator, args.schedule))
     if launch_identity()[0] != 0:
         return
-    plain = min(before for before, _ in rows.values())   # the least disturbed of the rounds' plain steps
-    rounds = ", ".join(f"{before * 1e3:.0f}" for before, _ in rows.values())
+    plain = min(plains)   # the least disturbed of the rounds
+    rounds = ", ".join(f"{before * 1e3:.0f}" for before in plains)
     print(f"{STAGES} stages, {args.schedule}, batch {BATCH}; plain = a hand-written step of the whole net on one "
           f"process: {plain * 1e3:.1f} ms (the fastest of the rounds' {rounds} ms)")
     print(f"{'micro-batches':>13s} {'step ms':>8s} {'/ plain':>8s} {'ideal / plain':>14s} "
           f"{'bubble (p-1)/(m+p-1)':>21s}")
-    for m, (_, step) in rows.items():
+    for m, steps in rows.items():
+        step = min(steps)
         ideal = (m + STAGES - 1) / m / STAGES
         bubble = (STAGES - 1) / (m + STAGES - 1)
         print(f"{m:13d} {step * 1e3:8.1f} {step / plain:8.2f} {ideal:14.2f} {bubble:21.2f}")
