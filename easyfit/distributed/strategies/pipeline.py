@@ -18,7 +18,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from easyfit.data import EvalSampler, interleave
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy
 from easyfit.distributed.strategies.ddp2 import average_gradients
-from easyfit.distributed.strategies.pipeline_engine import Layout, PipelinedNet
+from easyfit.distributed.strategies.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategies.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategies.pipeline_state import (
     full_optimizer_state,
@@ -164,18 +164,22 @@ class PipelineStrategy(ParallelStrategy):
         return self._eval_nets[id(net)]
 
     # --- where outputs live ---------------------------------------------------------
-    def training_step(self, net, inputs, target, loss_fn, precision: Precision, divisor: int = 1):
+    def training_step(self, net, inputs, target, run, precision: Precision, divisor: int = 1):
         with precision.autocast():
-            output, loss = net.train_batch(inputs, target, loss_fn, divisor)
+            output, target, loss = net.train_batch(inputs, target, run, divisor)
         if self._synchronise:
             self._average_gradients()
-        return output, self._share_loss(loss)
+        return output, target, self._share_loss(loss)
 
-    def evaluation_step(self, net, inputs, target, loss_fn, precision: Precision):
+    def evaluation_step(self, net, inputs, target, run, precision: Precision):
+        """The pipelined forward; the loss (when there is a target: not in predict) on the last stage, shared."""
         with precision.autocast():
-            output = net(inputs)
-            loss = loss_fn(output, target) if loss_fn is not None and output is not None else None
-        return output, self._share_loss(loss) if loss_fn is not None else None
+            output, loss = net(inputs), None
+            if target is None:
+                return output, None, None
+            if output is not None:
+                _, target, loss = run(IDENTITY, output, target)
+        return output, target, self._share_loss(loss)
 
     def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
         """The last stage's loss on every rank of its pipeline (so every rank logs and tracks the same loss)."""

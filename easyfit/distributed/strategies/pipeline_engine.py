@@ -18,6 +18,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from easyfit.distributed.strategies.pipeline_split import CheckpointedStage
 
+#: the "net" the loop's forward-and-loss runs on a micro-batch's outputs: the loss is all that is left to compute
+IDENTITY = nn.Identity()
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -74,8 +77,8 @@ class PipelinedNet(nn.Module):
         self.layout, self.group, self.device = layout, group, device
         self.schedule_name, self.microbatches = schedule, microbatches
         self.plans: dict[tuple, object] = {}
-        self.batch_loss: Callable | None = None   # the loss of the batch being trained (see _microbatch_loss)
-        self.batch_size, self.recorded = 1, []
+        self.run: Callable | None = None   # the forward and loss of the batch being trained (see _microbatch_loss)
+        self.batch_size, self.recorded, self.targets = 1, [], []
 
     def layers(self) -> list[nn.Sequential]:
         return [stage.layers for stage in self.stages]
@@ -86,14 +89,15 @@ class PipelinedNet(nn.Module):
         calls it with the same batch)."""
         return self._run(inputs, None, training=False)
 
-    def train_batch(self, inputs, target, loss_fn: Callable, divisor: int = 1):
-        """Forward, loss and backward of one batch; gradients accumulate into .grad. Returns (output, mean loss)
-        on the last stage's rank, (None, None) on the others."""
-        self.batch_loss, self.batch_size, self.recorded = loss_fn, len(target) * divisor, []
+    def train_batch(self, inputs, target, run: Callable, divisor: int = 1):
+        """Forward, loss and backward of one batch; gradients accumulate into .grad. `run` is the loop's forward and
+        loss (see Strategy.training_step), given the outputs of each micro-batch (IDENTITY as the net). Returns
+        (output, target as the loss took it, mean loss) on the last stage's rank, (None, target, None) elsewhere."""
+        self.run, self.batch_size, self.recorded, self.targets = run, len(target) * divisor, [], []
         output = self._run(inputs, target, training=True)
         if not self.layout.holds_last:
-            return None, None
-        return output, torch.stack(self.recorded).sum() * divisor / self.batch_size
+            return None, target, None
+        return output, torch.cat(self.targets), torch.stack(self.recorded).sum() * divisor / self.batch_size
 
     def _run(self, inputs, target, training: bool):
         if not isinstance(inputs, torch.Tensor):
@@ -113,7 +117,8 @@ class PipelinedNet(nn.Module):
     def _microbatch_loss(self, output, target):
         """The user's loss of one micro-batch, weighted by its share of the batch (so the gradients add up to the
         whole batch's); its sample-weighted value is kept for the batch's loss."""
-        loss = self.batch_loss(output, target)
+        _, target, loss = self.run(IDENTITY, output, target)
+        self.targets.append(target)
         self.recorded.append(loss.detach().double() * len(target))
         return loss * (len(target) / self.batch_size)
 
