@@ -124,7 +124,9 @@ class PipelinedNet(nn.Module):
 
     # --- schedules, one per micro-batch shape ----------------------------------------------
     def _plan(self, training: bool, microbatches: int, chunk: torch.Tensor):
-        key = (training, microbatches, tuple(chunk.shape), chunk.dtype)
+        device = self.device.type   # under autocast the stages pass on activations of another dtype
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        key = (training, microbatches, tuple(chunk.shape), chunk.dtype, autocast)
         if key not in self.plans:
             self.plans[key] = self._build(training, microbatches, chunk[:len(chunk) // microbatches])
         return self.plans[key]
