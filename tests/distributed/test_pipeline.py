@@ -113,6 +113,13 @@ def test_what_the_pipeline_cannot_train_is_refused_before_any_process_starts(net
         fit(net, strategy)
 
 
+def test_data_the_first_stage_cannot_take_is_explained():
+    x, y = make_data()
+    with pytest.raises(ValueError, match="expects 6 features per sample, but the data has 5"):
+        easyfit.Model(make_pipeline_net(), "cross_entropy", "sgd").fit(
+            x[:, :5], y, epochs=1, verbose=0, devices=1, accelerator="cpu", strategy="pipeline")
+
+
 @pytest.mark.parametrize("options, message", [
     ({"schedule": "zigzag"}, "unknown pipeline schedule 'zigzag'"),
     ({"checkpoint": "sometimes"}, "checkpoint must be one of never, except_last, always"),

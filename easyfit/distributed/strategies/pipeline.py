@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.data import EvalSampler, interleave
-from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy
+from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategies.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
@@ -62,7 +62,7 @@ class PipelineStrategy(ParallelStrategy):
                                  f"{self.chunks} stages per rank (chunks)")
             stages = len(balance) // self.chunks
         self.stages, self.microbatches = stages, microbatches
-        self._groups = None
+        self._groups, self._own_group = None, False
         self._net = self._optimizer = self._scheduler = None
         self._global_index: list[int] = []   # each stage parameter's index in the user's optimizer
         self._user_groups: list[dict] = []   # the user's optimizer's param groups (state dict form)
@@ -108,12 +108,21 @@ class PipelineStrategy(ParallelStrategy):
         resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
 
     def setup_environment(self) -> None:
+        self._own_group = self.world_size == 1 and not dist.is_initialized()
         super().setup_environment()
         if self._groups is None:   # every rank creates every group, in the same order
             size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
             pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]
             replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
             self._groups = pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]
+
+    def teardown(self) -> None:
+        """A pipeline of one process (a debugging run) ends the process group it opened with the call."""
+        super().teardown()
+        if self._own_group:
+            destroy_process_group()
+            self._groups, self._own_group = None, False
+            self._eval_nets.clear()   # their stages talk through the group that ended
 
     # --- precision ------------------------------------------------------------------
     def check_precision(self, precision: str) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from easyfit.distributed.strategies.pipeline_split import CheckpointedStage
+from easyfit.first_batch_explain import explain
 
 #: the "net" the loop's forward-and-loss runs on a micro-batch's outputs: the loss is all that is left to compute
 IDENTITY = nn.Identity()
@@ -153,20 +154,24 @@ class PipelinedNet(nn.Module):
             owner = self.layout.global_rank(index % self.layout.pipeline_size)
             holder = [None]
             if index in by_index:
-                holder[0] = _output_meta(by_index[index].layers, metas[-1], self.device)
+                holder[0] = _output_meta(by_index[index].layers, metas[-1], self.device, first=index == 0)
             if self.layout.pipeline_size > 1:
                 dist.broadcast_object_list(holder, src=owner, group=self.group)
             metas.append(holder[0])
         return metas
 
 
-def _output_meta(layers: nn.Sequential, meta, device: torch.device):
+def _output_meta(layers: nn.Sequential, meta, device: torch.device, first: bool):
+    """The (shape, dtype, requires grad) of the layers' output; data the first stage cannot take is explained."""
     shape, dtype, requires_grad = meta
+    example = torch.zeros(shape, dtype=dtype, device=device)
     was_training = layers.training
     layers.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            output = layers(torch.zeros(shape, dtype=dtype, device=device))
+            output = layers(example)
+    except (RuntimeError, TypeError) as error:
+        raise (explain(error, layers, example, "the data") if first else error) from error
     finally:
         layers.train(was_training)
     if not isinstance(output, torch.Tensor):
