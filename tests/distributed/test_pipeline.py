@@ -50,6 +50,21 @@ def run(tmp_path, checks: str, devices: int) -> list[dict]:
     return [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(devices)]
 
 
+def check_evaluation(outcome: list[dict], check: str) -> dict:
+    """Every rank's evaluate and predict (101 samples, batches of 8) equal one process's on the same weights."""
+    x, y = make_data()
+    net = make_pipeline_net()
+    net.load_state_dict(outcome[0][check]["weights"])
+    single = easyfit.Model(net, "cross_entropy", "adam", metrics=["accuracy"])
+    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
+    for found in outcome:
+        scores = found[check]["scores"]
+        assert scores["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+        assert scores["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+        torch.testing.assert_close(found[check]["predictions"], single.predict(x[:101], batch_size=8))
+    return expected
+
+
 def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
     outcome = run(tmp_path, "parity,evaluate,resume", devices=2)
     for case, options in PARITY.items():   # every batch of 20 in 3 micro-batches leaves a rest of 2
@@ -60,17 +75,8 @@ def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
             assert difference <= 1e-5, f"{case} differs from plain PyTorch by {difference}"
     assert max_difference(reference(**WITH_ACCUMULATION), reference()) > 1e-3   # the options matter
 
-    found = outcome[0]["evaluate"]   # validation, evaluate and predict equal one process's on the same weights
-    x, y = make_data()
-    net = make_pipeline_net()
-    net.load_state_dict(found["weights"])
-    single = easyfit.Model(net, "cross_entropy", "adam", metrics=["accuracy"])
-    expected = single.evaluate(x[:101], y[:101], batch_size=8, verbose=0, return_dict=True)
-    for rank in (0, 1):
-        scores = outcome[rank]["evaluate"]["scores"]
-        assert scores["loss"] == pytest.approx(expected["loss"], abs=1e-6)
-        assert scores["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
-        torch.testing.assert_close(outcome[rank]["evaluate"]["predictions"], single.predict(x[:101], batch_size=8))
+    expected = check_evaluation(outcome, "evaluate")
+    found = outcome[0]["evaluate"]
     assert found["val_loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert found["val_accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
 
@@ -85,12 +91,13 @@ def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
     assert len(restored.optimizer.state_dict()["state"]) == 6   # Adam's state of every stage's parameters
 
 
-def test_two_stages_by_two_replicas_train_as_plain_pytorch_and_resume_onto_four_stages(tmp_path):
+def test_two_stages_by_two_replicas_train_evaluate_and_resume_onto_four_stages_as_plain_pytorch(tmp_path):
     outcome = run(tmp_path, "mesh", devices=4)
     expected = reference(epochs=2, window=20)   # 2 replicas x batch 10: the combined batch is 20
     for rank in range(4):
         assert max_difference(outcome[rank]["mesh"]["weights"], expected) <= 1e-5
         assert max_difference(outcome[rank]["mesh"]["resumed"], expected) <= 1e-5
+    check_evaluation(outcome, "mesh")   # each replica's last stage holds half the outputs
 
 
 # --- before any work ------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ CHECKS is a comma-separated list of:
               stages, on 101 samples in batches of 8 (the weights are in result too)
   resume      ModelCheckpoint after 2 of 4 epochs on 2 stages, resumed to 4 on 1 stage x 2 replicas, beside 4
               straight; and a rank-0-only save after fit
-  mesh        (4 processes) 2 stages x 2 replicas, 2 epochs, against plain PyTorch, and a resume after epoch 1 onto
-              4 stages
+  mesh        (4 processes) 2 stages x 2 replicas, 2 epochs, against plain PyTorch, a resume after epoch 1 onto
+              4 stages, and evaluate / predict on 2 stages x 2 replicas
 Each rank writes OUT_DIR/<rank>.pt with what it measured.
 """
 import argparse
@@ -85,7 +85,11 @@ def mesh(devices: int, out: str) -> dict:
     two_by_two = fit(Pipeline(stages=2, microbatches=3), devices, batch_size=10, epochs=2,
                      callbacks=[ModelCheckpoint(pattern, monitor="loss")])
     resumed = fit(Pipeline(microbatches=4), devices, batch_size=20, epochs=2, resume_from=pattern.format(epoch=1))
-    return {"weights": two_by_two.net.state_dict(), "resumed": resumed.net.state_dict()}
+    x, y = make_data()
+    options = {"batch_size": 8, "devices": devices, "accelerator": "cpu", "strategy": Pipeline(stages=2)}
+    return {"weights": two_by_two.net.state_dict(), "resumed": resumed.net.state_dict(),
+            "scores": two_by_two.evaluate(x[:101], y[:101], verbose=0, return_dict=True, **options),
+            "predictions": two_by_two.predict(x[:101], **options)}
 
 
 def main() -> None:
