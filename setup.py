@@ -6,6 +6,8 @@ EXTRAS = {
     "fairscale": ["fairscale>=0.4.13"],
     "horovod": ["horovod==0.28.1", "cloudpickle", "psutil"],   # build it first: scripts/install_horovod.sh
     "bagua": ["bagua>=0.9"],
+    # torch_xla 2.9.0 requires exactly torch 2.9.0 (docs/tpu.md); on a TPU VM add torch_xla[tpu] for libtpu
+    "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
     "plot": ["matplotlib>=3.5"],
     "tensorboard": ["tensorboard>=2.10"],
     "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5", "tensorboard>=2.10",

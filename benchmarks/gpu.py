@@ -164,6 +164,16 @@ def measure(side: str, name: str, epochs: int) -> float:
     return statistics.median(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def interleaved(sides: list[str], rounds: int, measure_side) -> dict[str, list[float]]:
+    """Each side's figure in each round; the order of the sides alternates from round to round, so a change in the
+    machine's state hits them alike."""
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for round_index in range(rounds):
+        for side in sides if round_index % 2 == 0 else reversed(sides):
+            times[side].append(measure_side(side))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -181,10 +191,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; seconds per step, median of {args.rounds} "
           f"rounds x {args.epochs} epochs; ratio to the hand-written loop")
     for name in names:
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for round_index in range(args.rounds):
-            for side in sides if round_index % 2 == 0 else reversed(sides):
-                times[side].append(measure(side, name, args.epochs))
+        times = interleaved(sides, args.rounds, lambda side, name=name: measure(side, name, args.epochs))
         hand = statistics.median(times["hand"])
         for side in sides:
             ratios = [t / h for t, h in zip(times[side], times["hand"])]

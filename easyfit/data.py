@@ -14,55 +14,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
-from easyfit.tensors import map_tensors
+from easyfit.batch_contents import move_to_device, with_int64_target
+from easyfit.samplers import sampler_indices
 from easyfit.validation import check_not_a_path, check_positive_int
-
-
-class EpochSampler(Sampler):
-    """All indices once per epoch; the shuffle order is a function of (seed, epoch) only,
-    so a resumed run sees exactly the order an uninterrupted one would."""
-
-    def __init__(self, length: int, shuffle: bool, seed: int = 0):
-        self.length, self.shuffle, self.seed, self.epoch = length, shuffle, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def index_tensor(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.length)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.length, generator=generator)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.index_tensor().tolist())
-
-    def __len__(self) -> int:
-        return self.length
-
-
-class EvalSampler(Sampler):
-    """Rank r of W gets indices r, r+W, r+2W, ...: every sample exactly once, no padding."""
-
-    def __init__(self, length: int, rank: int = 0, world_size: int = 1):
-        self.length, self.rank, self.world_size = length, rank, world_size
-
-    def index_tensor(self) -> torch.Tensor:
-        return torch.arange(self.rank, self.length, self.world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.length, self.world_size))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.length, self.world_size))
-
-
-def sampler_indices(sampler: Sampler) -> torch.Tensor:
-    """The indices a sampler yields this epoch, as one tensor."""
-    index_tensor = getattr(sampler, "index_tensor", None)
-    if index_tensor is not None:
-        return index_tensor()
-    return torch.as_tensor(list(sampler), dtype=torch.long)
 
 
 def batch_count(batches) -> int | None:
@@ -71,12 +25,6 @@ def batch_count(batches) -> int | None:
         return len(batches)
     except TypeError:
         return None
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor in a (nested) tuple / list / dict batch to `device`."""
-    return map_tensors(lambda tensor: tensor if tensor.device == device else tensor.to(device, non_blocking=True),
-                       batch)
 
 
 # ----------------------------------------------------------------------------------------
@@ -277,7 +225,7 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
     float64 numpy data becomes `float_dtype`."""
     check_positive_int(batch_size, "batch_size")
-    device = strategy.root_device
+    device = strategy.batch_device
     source = "the training data" if train else "the validation data"
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
@@ -345,49 +293,6 @@ def _shard_loader(loader: DataLoader, strategy, train: bool, replace_sampler: bo
                       pin_memory=loader.pin_memory, drop_last=loader.drop_last,
                       persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
                       timeout=loader.timeout, prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
-
-
-def split_batch(batch: Any) -> tuple[Any, Any]:
-    """(inputs, target) from a batch: (x, y) / [x, y] / (x,) / x / {"...": ..., "y"|"target"|"label": ...}."""
-    if isinstance(batch, (tuple, list)):
-        if len(batch) == 2:
-            return batch[0], batch[1]
-        if len(batch) == 1:
-            return batch[0], None
-        return tuple(batch[:-1]), batch[-1]
-    if isinstance(batch, dict):
-        for key in TARGET_KEYS:
-            if key in batch:
-                inputs = {k: v for k, v in batch.items() if k != key}
-                return (next(iter(inputs.values())) if len(inputs) == 1 else inputs), batch[key]
-        return batch, None
-    return batch, None
-
-
-TARGET_KEYS = ("y", "target", "targets", "label", "labels")
-
-
-def with_int64_target(batch: Any) -> Any:
-    """The batch with its target (as `split_batch` finds it) as int64 when it holds integers of another dtype."""
-    target = split_batch(batch)[1]
-    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.int64:
-        return batch
-    if isinstance(batch, dict):
-        key = next(key for key in TARGET_KEYS if key in batch)
-        return {**batch, key: target.long()}
-    return type(batch)([*batch[:-1], target.long()]) if isinstance(batch, list) else (*batch[:-1], target.long())
-
-
-def batch_length(batch: Any) -> int:
-    """Number of samples in a batch: the first dimension of its first tensor."""
-    while not isinstance(batch, torch.Tensor):
-        if isinstance(batch, dict):
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, (tuple, list)) and batch:
-            batch = batch[0]
-        else:
-            return 1
-    return batch.shape[0] if batch.dim() else 1
 
 
 def peek_first_batch(batches) -> Any:

@@ -12,6 +12,8 @@
 `auto_select_gpus=True` with a count picks that many CUDA devices that take work (`find_usable_cuda_devices`).
 
 A number is always a count ("3" included); only a list, or a string with a comma, names device ids.
+On TPUs (accelerator="tpu", torch_xla) devices=1 is one device in this process; N, -1 and "auto" are every device of
+this host, one process each (1 in a notebook or REPL); ids are an error, as torch_xla chooses the devices.
 """
 from __future__ import annotations
 
@@ -26,18 +28,16 @@ import torch
 
 from easyfit.validation import closest_name
 
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-RESOLVED = ("cpu", "cuda", "mps")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+RESOLVED = ("cpu", "cuda", "mps", "tpu")
 LABELS = {"cuda": "CUDA", "mps": "MPS"}
 FORMS = "a count (2), -1 for all, a list of ids ([0, 1]), a string ('2', '0,1', '-1'), 'auto' or 'auto_select'"
 
 
 def resolve_accelerator(accelerator: str) -> str:
-    """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' -> the accelerator this process uses: 'cuda', 'mps' or 'cpu'."""
+    """'auto' / 'gpu' / 'cuda' / 'mps' / 'cpu' / 'tpu' -> the accelerator this process uses: 'cuda', 'mps', 'cpu'
+    or 'tpu' (torch_xla's device, checked when its strategy is built; 'auto' never picks it)."""
     key = str(accelerator).lower()
-    if key == "tpu":
-        raise NotImplementedError("accelerator='tpu': TPUs need torch_xla, which this version of easyfit does not "
-                                  "support yet. Use accelerator='gpu', 'cpu' or 'auto'.")
     if key not in ACCELERATORS:
         raise ValueError(f"unknown accelerator {accelerator!r}.{closest_name(key, ACCELERATORS)} "
                          f"Valid values: {', '.join(ACCELERATORS)}.")
@@ -138,9 +138,10 @@ def parse_devices(devices, accelerator: str, interactive: bool | None = None,
                   auto_select: bool = False) -> tuple[str, list[torch.device]]:
     """`devices=` (see the module's table) -> (accelerator, the devices of this node, one per process).
 
-    `accelerator` must already be resolved ('cpu', 'cuda' or 'mps'). It comes back as 'cpu' when devices asks for
-    no accelerator device (0, "0", [], None). `interactive` defaults to `is_interactive()`. `auto_select` (or
-    devices="auto_select") takes CUDA devices that take work (`find_usable_cuda_devices`) instead of the first ones.
+    `accelerator` must already be resolved ('cpu', 'cuda', 'mps' or 'tpu'). It comes back as 'cpu' when devices asks
+    for no accelerator device (0, "0", [], None; not on TPUs). `interactive` defaults to `is_interactive()`.
+    `auto_select` (or devices="auto_select") takes CUDA devices that take work (`find_usable_cuda_devices`) instead of
+    the first ones.
     """
     if accelerator not in RESOLVED:
         raise ValueError(f"parse_devices needs a resolved accelerator ({', '.join(RESOLVED)}); got {accelerator!r}. "
@@ -148,7 +149,7 @@ def parse_devices(devices, accelerator: str, interactive: bool | None = None,
     wanted = _read(devices)
     if wanted == "auto_select" or auto_select:
         return "cuda", _auto_selected(devices, -1 if wanted in ("auto_select", "auto") else wanted, accelerator)
-    if wanted == 0:
+    if wanted == 0 and accelerator != "tpu":
         return "cpu", [torch.device("cpu")]
     if wanted == "auto":
         if interactive is None:
@@ -156,6 +157,8 @@ def parse_devices(devices, accelerator: str, interactive: bool | None = None,
         wanted = 1 if accelerator == "cpu" or interactive else -1
     if accelerator == "cpu":
         return "cpu", _cpu_processes(devices, wanted)
+    if accelerator == "tpu":
+        return "tpu", _xla_devices(devices, wanted)
     return accelerator, [torch.device(accelerator, index) for index in _device_ids(devices, wanted, accelerator)]
 
 
@@ -215,6 +218,18 @@ def _cpu_processes(devices, wanted: int | list[int]) -> list[torch.device]:
                          "those GPUs.")
     count = device_count("cpu") if wanted == -1 else wanted
     return [torch.device("cpu")] * count
+
+
+def _xla_devices(devices, wanted: int | list[int] | str) -> list[torch.device]:
+    """On XLA devices=1 is one device in this process; N and -1 ("auto" outside a notebook) are every device of
+    this host, one process each, as torch_xla starts them: [xla:0 .. xla:N-1], or [xla] (no index) for -1, as
+    only torch_xla knows how many there are."""
+    if isinstance(wanted, list) or wanted == 0:
+        raise ValueError(f"devices={devices!r} on TPUs: torch_xla chooses the devices itself, so pass 1, the number "
+                         "of this host's devices (e.g. 8), -1 or 'auto' (or accelerator='cpu' to train on the CPU).")
+    if wanted == -1:
+        return [torch.device("xla")]
+    return [torch.device("xla", index) for index in range(wanted)]
 
 
 def _device_ids(devices, wanted: int | list[int], accelerator: str) -> list[int]:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from easyfit.data import TensorBatches, peek_first_batch, split_batch
+from easyfit.batch_contents import move_to_device, split_batch
+from easyfit.data import TensorBatches, peek_first_batch
 from easyfit.first_batch_explain import (
     BATCH_NORMS,
     check_batch_of_one,
@@ -52,15 +53,14 @@ def prepare(model, net: nn.Module, batches, source: str, training: bool = False,
         _conform_floats(data, _data_dtype(model.strategy.module_for_eval(net), precision))
         if targets and isinstance(model.loss_fn, CLASS_INDEX_LOSSES):
             _class_indices_to_int64(data)
-    batches.first_step = FirstStep(model, batches, source, training, targets)
+    batches.first_step = FirstStep(model, batches, source, training)
 
 
 class FirstStep:
     """Runs the first batch as the loop would, with the checks; the loop then drops it (`batches.first_step`)."""
 
-    def __init__(self, model, batches, source: str, training: bool, targets: bool):
-        self.model, self.batches, self.source = model, batches, source
-        self.training, self.targets = training, targets
+    def __init__(self, model, batches, source: str, training: bool):
+        self.model, self.batches, self.source, self.training = model, batches, source, training
 
     def forward(self, net: nn.Module, inputs):
         """The net's output on the first batch; in-memory integer inputs become floats when the net raised on them."""
@@ -167,13 +167,14 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     batch = peek_first_batch(data)
     if batch is None:
         return
+    batch = move_to_device(batch, model.strategy.root_device)   # where the backend's loader would put it
     inputs, target = split_batch(batch[:-1] if getattr(data, "weighted", False) else batch)   # less the weights
     if target is None:
         raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "
                          "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "
                          "batches are (x, y) pairs.")
     net, precision = model.strategy.module_for_eval(net), model.precision
-    step = FirstStep(model, val, "the validation data", training=False, targets=True)
+    step = FirstStep(model, val, "the validation data", training=False)
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
         output = step.forward(net, precision.convert_input(inputs))

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from easyfit.data import TensorBatches, batch_length
+from easyfit.batch_contents import batch_length
+from easyfit.data import TensorBatches
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 

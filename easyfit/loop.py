@@ -8,8 +8,9 @@ from typing import Any, Callable
 
 import torch
 
+from easyfit.batch_contents import batch_length, split_batch
 from easyfit.callbacks.base import CallbackList
-from easyfit.data import batch_count, batch_length, peek_first_batch, split_batch
+from easyfit.data import batch_count, peek_first_batch
 from easyfit.lockstep import in_lockstep
 from easyfit.metrics import MetricSet
 from easyfit.precision import Precision
@@ -43,7 +44,8 @@ class LossTracker:
 
     FOLD_EVERY = 1024
 
-    def __init__(self):
+    def __init__(self, fold_every: int = FOLD_EVERY):
+        self.fold_every = fold_every
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
         self.folded_sum: torch.Tensor | float = 0.0
@@ -52,7 +54,7 @@ class LossTracker:
     def add(self, loss: torch.Tensor, size: int) -> None:
         self.losses.append(loss)
         self.sizes.append(size)
-        if len(self.losses) >= self.FOLD_EVERY:
+        if len(self.losses) >= self.fold_every:
             self._fold()
 
     def _fold(self) -> None:
@@ -74,11 +76,11 @@ class LossTracker:
         """The mean over every sample seen by every process."""
         total, count = self.totals()
         device = strategy.root_device
-        summed = strategy.reduce(torch.stack([total.to(device),
-                                              torch.tensor(float(count), dtype=torch.float64, device=device)]), "sum")
-        if not summed[1]:
+        count = torch.tensor(float(count), dtype=torch.float64, device=device)
+        summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
+        if not seen:   # one read back to the host for both numbers: a device sync, once per epoch
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
-        return float(summed[0]) / float(summed[1])
+        return summed / seen
 
 
 class BatchLogs(Mapping):
@@ -126,6 +128,9 @@ class Loop:
         self.batches_checked = False
         self.train_batches = None
         self.optimizer_steps = 0
+        self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
+        self.compiled_optimizer_step = None if self.optimizer is None else \
+            self.steps.optimizer_step(self.optimizer, self.precision, strategy)
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
@@ -156,20 +161,20 @@ class Loop:
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
         has_metrics = bool(metrics)
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         num_batches = batch_count(batches)
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
         agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
         self._check_even_batches(num_batches)
-        position = model.position
+        position, forward_loss = model.position, self.steps.step("train")
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
-        first_step, plain = getattr(batches, "first_step", None), _runner(loss_fn, None)
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, loss_fn, None)
         with strategy.uneven_inputs(net) if uneven else SYNC:
-            for step, batch in enumerate(remaining, first):
+            for step, batch in enumerate(strategy.feed(remaining), first):
                 if batch_begin:
                     callbacks.call("on_train_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
@@ -177,9 +182,9 @@ class Loop:
                 with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
                     if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                         strategy.zero_grad(optimizer)
-                    run = plain if first_step is None else _runner(loss_fn, first_step)   # its checks in its real step
+                    run = plain if first_step is None else _runner(forward_loss, loss_fn, first_step)
                     output, target, loss = strategy.training_step(net, inputs, target, run, precision, divisor)
-                    if first_step is not None:
+                    if first_step is not None:   # the checks of the first batch ran in its real step
                         first_step = batches.first_step = None
                 if boundary:
                     self._optimizer_step()
@@ -200,6 +205,9 @@ class Loop:
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         return self._epoch_logs(tracker)
+
+    def _loss_tracker(self) -> LossTracker:
+        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
@@ -243,7 +251,10 @@ class Loop:
         strategy = self.strategy
         if settings.gradient_clip_val is not None and not strategy.handles_clipping:
             strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
-        strategy.optimizer_step(optimizer, self.precision)
+        if self.compiled_optimizer_step is not None:
+            self.compiled_optimizer_step()
+        else:
+            strategy.optimizer_step(optimizer, self.precision)
         self.optimizer_steps += 1
         if self.scheduler is not None and settings.scheduler_interval == "step":
             self.scheduler.step()
@@ -264,10 +275,10 @@ class Loop:
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        metrics = self.metrics
+        metrics, forward_loss = self.metrics, self.steps.step("evaluate")
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
-        tracker = LossTracker()
+        tracker = self._loss_tracker()
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
@@ -279,8 +290,8 @@ class Loop:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
                 first_step = getattr(batches, "first_step", None)
-                output, target, loss = self.strategy.evaluation_step(net, inputs, target,
-                                                                     _runner(self.loss_fn, first_step), precision)
+                run = _runner(forward_loss, self.loss_fn, first_step)
+                output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
                 if first_step is not None:
                     batches.first_step = None
                 size = batch_length(target)
@@ -296,21 +307,22 @@ class Loop:
     def _eval_batches(self, batches):
         """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.lockstep)."""
         if not self.strategy.forward_in_lockstep(self.net):
-            return ((batch, True) for batch in batches)
+            return ((batch, True) for batch in self.strategy.feed(batches))
         return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
 
     @torch.no_grad()
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
-        outputs, to_inputs = [], PredictInputs(net)
+        outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
-            for step, batch in enumerate(batches):
+            for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
                 first_step = getattr(batches, "first_step", None)
-                output = self.strategy.evaluation_step(net, inputs, None, _runner(None, first_step), precision)[0]
+                output = self.strategy.evaluation_step(net, inputs, None, _runner(forward, None, first_step),
+                                                       precision)[0]
                 if first_step is not None:
                     batches.first_step = None
                 if output is not None:   # None: this rank holds no outputs (see evaluation_step)
@@ -320,19 +332,18 @@ class Loop:
         return outputs
 
 
-def _runner(loss_fn, first_step) -> Callable:
-    """run(net, inputs, target) -> (output, target, loss): a batch's forward and loss (no loss without `loss_fn`), the
-    first batch's through its `FirstStep` (the checks, and the target as the loss takes it)."""
+def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:
+    """run(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
+    loss without `loss_fn`), the first batch's through its `FirstStep` (the checks, and the target as the loss
+    takes it). The strategy's training_step / evaluation_step calls it."""
     if first_step is not None:
         if loss_fn is None:
             return lambda net, inputs, target: (first_step.forward(net, inputs), target, None)
         return lambda net, inputs, target: first_step.run(net, inputs, target, loss_fn)
-    if loss_fn is None:
-        return lambda net, inputs, target: (call_net(net, inputs), target, None)
 
     def run(net, inputs, target):
-        output = call_net(net, inputs)
-        return output, target, loss_fn(output, target)
+        output, loss = forward_loss(net, loss_fn, inputs, target)
+        return output, target, loss
     return run
 
 

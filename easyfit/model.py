@@ -13,6 +13,7 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.compiling import CompiledSteps, check_compile
 from easyfit.data import batch_count, make_batches, split_validation
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
@@ -32,12 +33,20 @@ from easyfit.lr_scaling import (
     scaled_learning_rates,
 )
 from easyfit.metrics import MetricSet, metric_names
-from easyfit.optimizers import build_optimizer, grouped_parameters, optimizer_factory, optimizer_name, parameter_groups
+from easyfit.optimizers import (
+    build_optimizer,
+    build_scheduler,
+    grouped_parameters,
+    optimizer_factory,
+    optimizer_name,
+    parameter_groups,
+)
 from easyfit.options import FitOptions, RunOptions, check_fit_options, split_options
 from easyfit.precision import Precision, parse_precision
 from easyfit.results import is_numpy_input, prediction_result, scores_result
 from easyfit.resume import EpochPosition
 from easyfit.steps import limit_steps
+from easyfit.tensors import sample_count
 from easyfit.validation import (
     callback_list,
     check_model_arguments,
@@ -75,7 +84,7 @@ class Model:
         self.optimizer = build_optimizer(optimizer, net, lr)
         self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
                      "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net)}
-        self.scheduler = _build_scheduler(scheduler, self.optimizer)
+        self.scheduler = build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
         self.metrics = MetricSet(metrics, self.loss_fn)
         self.history = History()
@@ -88,6 +97,7 @@ class Model:
         self._precision = Precision("32")
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
+        self.compiled_steps = CompiledSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
 
     # --- identity (meaningful inside fit, in every process) -----------------------------
     @property
@@ -194,6 +204,22 @@ class Model:
         model.restore(state)
         return model
 
+    def find_lr(self, x=None, y=None, **kwargs):
+        """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
+        optimizer and RNG are left exactly as before. See easyfit.lr_finder and docs/api.md."""
+        from easyfit.lr_finder import find_lr
+        return find_lr(self, x, y, **kwargs)
+
+    def find_batch_size(self, x=None, y=None, **kwargs) -> int:
+        """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
+        is left as before. See easyfit.batch_size_finder and docs/api.md."""
+        from easyfit.batch_size_finder import find_batch_size
+        return find_batch_size(self, x, y, **kwargs)
+
+    def _find_batch_size_in_process(self, run: RunOptions, **inputs) -> int:
+        from easyfit.batch_size_finder import search_in_process
+        return search_in_process(self, run, **inputs)
+
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
         from easyfit.summary import summarize
@@ -235,7 +261,7 @@ class Model:
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
         options = {"devices": 1, "lr_scaling": None, **kwargs}
         try:
-            result = self.fit(x, y, epochs=1, batch_size=_sample_count(x), shuffle=False, verbose=0, **options)
+            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, **options)
         finally:
             self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
         logs = {key: values[-1] for key, values in result.history.items()}
@@ -243,12 +269,12 @@ class Model:
 
     def test_on_batch(self, x, y=None, return_dict: bool = False, **kwargs):
         """`evaluate` on exactly this batch."""
-        return self.evaluate(x, y, batch_size=_sample_count(x), verbose=0, return_dict=return_dict,
+        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict,
                              **{"devices": 1, **kwargs})
 
     def predict_on_batch(self, x, **kwargs):
         """`predict` on exactly this batch."""
-        return self.predict(x, batch_size=_sample_count(x), verbose=0, **{"devices": 1, **kwargs})
+        return self.predict(x, batch_size=sample_count(x), verbose=0, **{"devices": 1, **kwargs})
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -300,6 +326,7 @@ class Model:
         check_call(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
         strategy.check_net(self.net)
+        check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
@@ -325,7 +352,7 @@ class Model:
         launcher = strategy.launcher
         hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
         try:
-            with recorded_warnings(hand_back) as caught:
+            with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy):
                 result = getattr(self, method)(run, **inputs)
             if not hand_back:
                 return result, None
@@ -474,25 +501,9 @@ class Model:
         return strategy.gather_outputs(local)
 
 
-def _build_scheduler(scheduler, optimizer):
-    if scheduler is None:
-        return None
-    if callable(scheduler) and not hasattr(scheduler, "step"):
-        scheduler = scheduler(optimizer)
-    if getattr(scheduler, "optimizer", None) is not optimizer:
-        raise ValueError("the scheduler must be built over the model's optimizer; pass a factory instead, "
-                         "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
-    return scheduler
-
-
 def _as_pair(validation_data) -> tuple:
     """validation_data as (x, y): a 2-tuple of arrays, or a dataset / loader with y=None."""
     if isinstance(validation_data, tuple) and len(validation_data) == 2:
         return validation_data
     return validation_data, None
 
-
-
-def _sample_count(x) -> int:
-    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple."""
-    return len(x[0] if isinstance(x, (list, tuple)) else x)

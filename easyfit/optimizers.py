@@ -87,3 +87,15 @@ def align_state(optimizer: torch.optim.Optimizer) -> None:
                     for param, state in optimizer.state.items() for value in state.values())
     if misplaced:
         optimizer.load_state_dict(optimizer.state_dict())
+
+
+def build_scheduler(scheduler, optimizer):
+    """The Model's scheduler: None, a scheduler over `optimizer`, or one a factory builds over it."""
+    if scheduler is None:
+        return None
+    if callable(scheduler) and not hasattr(scheduler, "step"):
+        scheduler = scheduler(optimizer)
+    if getattr(scheduler, "optimizer", None) is not optimizer:
+        raise ValueError("the scheduler must be built over the model's optimizer; pass a factory instead, "
+                         "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)")
+    return scheduler

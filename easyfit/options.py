@@ -20,6 +20,7 @@ class RunOptions:
     precision: Any = None   # None: as in the previous call ("32" at first)
     num_workers: int = 0
     replace_sampler: bool = True
+    compile: Any = False   # True, a torch.compile mode or a dict of its options: see easyfit.compiling
 
 
 @dataclass

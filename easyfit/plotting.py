@@ -11,11 +11,7 @@ def plot_history(history: Any, path: str | os.PathLike | None = None, keys: list
 
     Saves to `path` when given (any format matplotlib knows by the extension). Needs no display.
     """
-    try:
-        import matplotlib  # noqa: F401  (imported first so that a missing matplotlib is reported as such)
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("plotting the history needs matplotlib: pip install easyfit[plot]") from None
+    Figure = _figure_class("the history")
     series = getattr(history, "history", history)
     bases = keys or list(dict.fromkeys(key.removeprefix("val_") for key in series))
     missing = [key for key in bases if key not in series and f"val_{key}" not in series]
@@ -36,6 +32,36 @@ def plot_history(history: Any, path: str | os.PathLike | None = None, keys: list
     if path is not None:
         figure.savefig(os.fspath(path))
     return figure
+
+
+def plot_lr_curve(result: Any, path: str | os.PathLike | None = None):
+    """A matplotlib Figure of a learning-rate range test (`find_lr`'s result): the smoothed loss against the
+    learning rate on a log scale, the suggested rate marked. Saves to `path` when given."""
+    Figure = _figure_class("the learning-rate curve")
+    if not result.lrs:
+        raise ValueError("nothing to plot: the learning-rate sweep recorded no steps")
+    figure = Figure(figsize=(5, 3.5), layout="constrained")
+    axes = figure.subplots()
+    axes.plot(result.lrs, result.losses, label="smoothed loss")
+    if result.suggestion is not None:
+        axes.axvline(result.suggestion, color="tab:red", linestyle="--", label=f"suggested lr {result.suggestion:.2g}")
+    axes.set_xscale("log")
+    axes.set_xlabel("learning rate")
+    axes.set_ylabel("loss")
+    axes.legend()
+    if path is not None:
+        figure.savefig(os.fspath(path))
+    return figure
+
+
+def _figure_class(what: str):
+    """matplotlib's Figure (which draws without a display), or an ImportError saying how to install it."""
+    try:
+        import matplotlib  # noqa: F401  (imported first so that a missing matplotlib is reported as such)
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(f"plotting {what} needs matplotlib: pip install easyfit[plot]") from None
+    return Figure
 
 
 def _epochs_of(count: int, epochs: list[int]) -> list[int]:

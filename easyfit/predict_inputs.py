@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from easyfit.data import split_batch
+from easyfit.batch_contents import split_batch
 
 
 class PredictInputs:

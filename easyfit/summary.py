@@ -6,7 +6,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit.data import as_tensor, move_to_device
+from easyfit.batch_contents import move_to_device
+from easyfit.data import as_tensor
 from easyfit.loop import call_net
 
 HEADERS = ("Layer (module path)", "Type", "Output shape", "Param #")

@@ -15,3 +15,8 @@ def map_tensors(function: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     if isinstance(obj, dict):
         return {key: map_tensors(function, value) for key, value in obj.items()}
     return obj
+
+
+def sample_count(x: Any) -> int:
+    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple."""
+    return len(x[0] if isinstance(x, (list, tuple)) else x)

@@ -265,8 +265,3 @@ def test_a_file_name_as_data(method, make_net):
 
 def test_strategy_none_means_auto(make_net, classification):
     easyfit.Model(make_net(), optimizer="sgd").fit(*classification, strategy=None, verbose=0)
-
-
-def test_tpu_needs_torch_xla(make_net, classification):
-    message = fit_error(make_net, *classification, error_type=NotImplementedError, accelerator="tpu")
-    assert "TPUs need torch_xla" in message and "does not support yet" in message

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-OPTIONAL = ("deepspeed", "fairscale", "horovod", "bagua", "matplotlib", "sklearn", "pandas", "scipy", "tensorboard")
+OPTIONAL = ("deepspeed", "fairscale", "horovod", "bagua", "torch_xla", "matplotlib", "sklearn", "pandas", "scipy",
+            "tensorboard")
 TIMED_IMPORT = f"""
 import json, sys, time
 start = time.perf_counter()

@@ -84,6 +84,11 @@ def _horovod(call: Call) -> Strategy:
     return HorovodStrategy()
 
 
+def _xla(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.xla import XLAStrategy
+    return XLAStrategy()
+
+
 def _bagua(call: Call) -> Strategy:
     from easyfit.distributed.strategies.bagua import BaguaStrategy
     return BaguaStrategy()
@@ -112,6 +117,7 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "horovod": _horovod,
     "bagua": _bagua,
     "pipeline": _pipeline,
+    "xla": _xla,
 }
 #: names of backends that later versions of easyfit add
 PLANNED: tuple[str, ...] = ()
@@ -119,6 +125,8 @@ PLANNED: tuple[str, ...] = ()
 
 def auto_strategy_name(call: Call, training_memory: TrainingMemory | None = None) -> tuple[str, str | None]:
     """Rule 4 of the module docstring: (name, why a sharded strategy was picked or None)."""
+    if call.accelerator == "tpu":
+        return "xla", None
     if call.external and call.environment.native_strategy:
         return call.environment.native_strategy, None
     several = call.num_nodes > 1 or (call.external and call.environment.world_size() > 1)
@@ -156,6 +164,23 @@ def _running_script_ranks(name: str, devices, num_nodes: int) -> tuple:
     return "ddp", world[0], world[1]
 
 
+def _xla_accelerator(name: str | None, strategy, accelerator: str) -> str:
+    """The accelerator of a call whose strategy is or may be XLA: strategy="xla" runs on torch_xla's device
+    ("tpu"); on TPUs only "xla" (or "auto", which picks it) can train. Checked before any backend is imported."""
+    chosen = name or strategy.name
+    asked = str(accelerator).lower()
+    if chosen == "xla":
+        if asked not in ("auto", "tpu"):
+            raise ValueError(f"strategy='xla' trains on torch_xla's device (TPU, or the one PJRT_DEVICE names), not "
+                             f"accelerator={accelerator!r}; pass accelerator='tpu' or 'auto'")
+        return "tpu"
+    if asked == "tpu" and chosen != "auto":
+        raise ValueError(f"strategy={chosen!r} cannot run on TPUs: they train through torch_xla, with its own "
+                         "collectives and compiled graphs, which only strategy='xla' drives. Use strategy='xla' or "
+                         "'auto' with accelerator='tpu' (see docs/tpu.md).")
+    return accelerator
+
+
 def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
             process_group_backend: str | None = None, training_memory: TrainingMemory | None = None,
             auto_select_gpus: bool = False) -> Strategy:
@@ -169,6 +194,7 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     name = None if isinstance(strategy, Strategy) else strategy_name(strategy)
     if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
+    accelerator = _xla_accelerator(name, strategy, accelerator)
     call = read_call(devices, accelerator, num_nodes, process_group_backend, auto_select_gpus)
     reason = None
     if name == "auto":

@@ -131,6 +131,7 @@ NAMED = {
     "horovod": ("HorovodStrategy", None, "HorovodLauncher"),
     "bagua": ("BaguaStrategy", None, "ScriptLauncher"),
     "pipeline": ("PipelineStrategy", None, "ScriptLauncher"),
+    "xla": ("XLAStrategy", None, None),
 }
 
 
@@ -142,8 +143,11 @@ def test_the_table_names_every_strategy_tested_here():
 def test_each_name_gives_its_class_start_method_and_launcher(name, gpus, env):
     if name == "bagua":
         pytest.importorskip("bagua.torch_api", reason="Bagua is not installed (tests/distributed/test_bagua.py)")
+    if name == "xla":
+        pytest.importorskip("torch_xla", reason="torch_xla is not installed (tests/xla, scripts/install_xla.sh)")
     env(TWO_NODES_BY_HAND)
-    arguments = {"single": dict(devices=1), "ddp2": dict(devices=2, num_nodes=2)}.get(name, dict(devices=2))
+    arguments = {"single": dict(devices=1), "ddp2": dict(devices=2, num_nodes=2),
+                 "xla": dict(devices=1)}.get(name, dict(devices=2))
     strategy = connect(name.upper() if name == "ddp" else name, **arguments)   # names are case-insensitive
     launcher = strategy.launcher
     assert (*kind(strategy), type(launcher).__name__ if launcher else None) == NAMED[name]

@@ -11,12 +11,11 @@ from easyfit.distributed.environments import (
     DeepSpeedEnvironment,
     LocalEnvironment,
     MPIEnvironment,
-    SLURMEnvironment,
     TorchElasticEnvironment,
     detect_environment,
-    expand_nodelist,
     find_free_port,
 )
+from easyfit.distributed.slurm_environment import SLURMEnvironment, expand_nodelist
 
 PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_")
 NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",

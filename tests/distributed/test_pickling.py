@@ -98,8 +98,8 @@ def test_a_lambda_in_a_dict_attribute_of_the_net():
 
 def test_a_lambda_forward_hook():
     net = nn.Linear(4, 2)
-    net.register_forward_hook(lambda module, inputs, output: None)
-    assert_names("net._forward_hooks[0]", lambda run: make_model(net).fit(*xy(), **run))
+    handle = net.register_forward_hook(lambda module, inputs, output: None)   # hook ids count per process
+    assert_names(f"net._forward_hooks[{handle.id}]", lambda run: make_model(net).fit(*xy(), **run))
 
 
 def test_a_local_lambda_as_the_loss():

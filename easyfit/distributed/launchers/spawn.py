@@ -89,16 +89,23 @@ def _stop_processes(processes) -> None:
 
 
 def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str) -> None:
-    """The body of a spawned / forked rank: run, then rank 0 leaves its result in `exchange_dir`;
-    a failing rank leaves its traceback there instead."""
-    try:
+    """The body of a spawned / forked rank."""
+    def run() -> Any:
         strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
         strategy.set_local_rank(local_rank)
-        result = function(*args, **kwargs)
-        if local_rank == 0:
+        return function(*args, **kwargs)
+
+    run_and_report(local_rank, exchange_dir, run)
+
+
+def run_and_report(rank: int, exchange_dir: str, run: Callable[[], Any]) -> None:
+    """Run a rank's work; rank 0 leaves its result in `exchange_dir`, a failing rank its traceback."""
+    try:
+        result = run()
+        if rank == 0:
             save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
     except BaseException:
-        with open(os.path.join(exchange_dir, str(local_rank)), "w", encoding="utf-8") as file:
+        with open(os.path.join(exchange_dir, str(rank)), "w", encoding="utf-8") as file:
             file.write(traceback.format_exc())
         raise
 

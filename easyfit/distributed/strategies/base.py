@@ -8,15 +8,17 @@ correct single-process backend, so a backend overrides only what it does differe
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
 from torch.utils.data import Sampler
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.data import EpochSampler, EvalSampler, interleave
+from easyfit.data import interleave
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
+from easyfit.samplers import EpochSampler, EvalSampler
 
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
@@ -45,6 +47,13 @@ class Strategy:
     handles_accumulation = False
     #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
     handles_clipping = False
+    #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
+    #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
+    supports_compile = False
+    #: the loop adds each step's loss to the epoch's sum in the step itself, rather than keeping the losses and
+    #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
+    #: compile a graph for each number read
+    sums_losses_per_step = False
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
@@ -149,6 +158,10 @@ class Strategy:
     def teardown(self) -> None:
         """Release what `setup_environment` created."""
 
+    def compile_context(self) -> contextlib.AbstractContextManager:
+        """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""
+        return contextlib.nullcontext()
+
     # --- state (called on every rank) -------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:
         """The net's full state dict."""
@@ -182,6 +195,16 @@ class Strategy:
     def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
         """Give this rank its share of a sampler the user wrote."""
         return sampler
+
+    @property
+    def batch_device(self) -> torch.device:
+        """Where the batch sources put each batch: this process's device, unless `feed` moves them itself."""
+        return self.root_device
+
+    def feed(self, batches: Iterable) -> Iterable:
+        """What the loop iterates in an epoch of training, evaluation or prediction, from the batch source's
+        batches (on `batch_device`): they themselves here; a backend with its own loader wraps them (XLA)."""
+        return batches
 
     # --- steps, and where outputs live -------------------------------------------------
     def training_step(self, net: torch.nn.Module, inputs: Any, target: Any, run: Callable, precision: Precision,

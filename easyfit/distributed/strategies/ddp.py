@@ -247,7 +247,7 @@ class DDPStrategy(ParallelStrategy):
         self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
                                          model_averaging_warmup)
         self._hook_state = None
-        self._wrapped: DistributedDataParallel | None = None   # the net of the running fit
+        self._ddp_net: DistributedDataParallel | None = None   # the net of the running fit
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.name = name or self.START_METHODS[start_method]
@@ -255,6 +255,18 @@ class DDPStrategy(ParallelStrategy):
     @property
     def starts_processes(self) -> bool:
         return self.start_method != "popen"
+
+    @property
+    def supports_compile(self) -> bool:
+        """A compiled step under DDP; not with a communication hook (PowerSGD, post-local SGD), whose state and
+        optimizer wrapper the compiled graphs do not cover."""
+        return not self.communication.active
+
+    def compile_context(self) -> contextlib.AbstractContextManager:
+        """dynamo's DDP optimizer: the compiled graph is split at DDP's bucket boundaries, so each bucket's
+        gradient all-reduce starts while the backward of the rest still runs."""
+        import torch._dynamo
+        return torch._dynamo.config.patch(optimize_ddp="ddp_optimizer")
 
     def check_call(self, call) -> None:
         self.communication.check_backend(self.process_group_backend or call.process_group_backend
@@ -278,15 +290,15 @@ class DDPStrategy(ParallelStrategy):
                                           find_unused_parameters=self.find_unused_parameters)
         if self.communication.active:
             optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
-        self._wrapped = wrapped
+        self._ddp_net = wrapped
         return wrapped, optimizer, scheduler
 
     def backward(self, loss: torch.Tensor, precision) -> None:
         """A parameter that got no gradient on this rank leaves DDP's all-reduce unfinished: raise DDP's error now,
         before another collective meets the peers' pending all-reduce (gloo then aborts the process)."""
         super().backward(loss, precision)
-        if self._wrapped is not None and not self.find_unused_parameters:
-            self._wrapped._check_reducer_finalized()
+        if self._ddp_net is not None and not self.find_unused_parameters:
+            self._ddp_net._check_reducer_finalized()
 
     def save_checkpoint(self, path: str, state: dict) -> None:
         """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the

@@ -71,6 +71,8 @@ class DeepSpeedStrategy(DDPStrategy):
         hand_back: put the full trained weights into the user's net at the end of fit.
     """
 
+    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
+
     handles_accumulation = True
     handles_clipping = True
 

@@ -12,6 +12,8 @@ from easyfit.distributed.strategies.sharding import constructor_defaults, move_s
 class ShardedStrategy(DDPStrategy):
     """strategy="ddp_sharded" (script re-launch, torchrun, SLURM) / "ddp_sharded_spawn"."""
 
+    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
+
     def __init__(self, *args, start_method: str = "popen", **kwargs):
         super().__init__(*args, start_method=start_method, **kwargs)
         self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"

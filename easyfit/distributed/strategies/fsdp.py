@@ -89,6 +89,8 @@ class FSDPStrategy(DDPStrategy):
             gather on one rank: save a sharded checkpoint instead).
     """
 
+    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
+
     def __init__(self, *args, cpu_offload: bool = False, state_dict_type: str = "full", hand_back: bool = True,
                  **kwargs):
         super().__init__(*args, **kwargs)

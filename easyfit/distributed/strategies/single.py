@@ -8,6 +8,7 @@ class SingleDeviceStrategy(Strategy):
 
     name = "single"
     uses_launcher_processes = False
+    supports_compile = True
 
     def check_call(self, call) -> None:
         if len(call.devices) > 1 or call.num_nodes > 1:

@@ -12,6 +12,8 @@ from easyfit.distributed.strategies.sharding import constructor_defaults, move_s
 class ZeroStrategy(DDPStrategy):
     """strategy="zero": full parameters and gradients on every rank, optimizer state sharded."""
 
+    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.name = "zero"

@@ -1,0 +1,295 @@
+"""TPUs through torch_xla ("xla", and what accelerator="tpu" chooses): one XLA device per process.
+
+The device comes from `torch_xla.device()`; batches reach it through torch_xla's parallel loader (`MpDeviceLoader`),
+whose step to the next batch cuts the traced graph (`torch_xla.sync()`), so one compiled graph serves every step of
+the same shape. `xm.optimizer_step` all-reduces the gradients over the replicas before the optimizer steps.
+Several devices run as torch_xla runs them: `torch_xla.launch` starts one process per TPU chip (see
+launchers/xla.py); rank and world size come from `torch_xla.runtime`, collectives are XLA's. Nothing here reads a
+value back to the host during a step; states for checkpoints are copied to CPU tensors, so a plain CPU net loads
+them. torch_xla is imported only when this strategy is built, after `require_torch_xla` checked it.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import os
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from easyfit.batch_contents import move_to_device
+from easyfit.checkpoint import load_checkpoint_file
+from easyfit.distributed.strategies.base import Strategy
+from easyfit.optimizers import align_state
+from easyfit.precision import Precision
+from easyfit.tensors import map_tensors
+
+#: the torch_xla release `pip install easyfit[xla]` installs; it pins torch to the same version
+TORCH_XLA_VERSION = "2.9.0"
+REDUCE_OPS = {"sum": "REDUCE_SUM", "mean": "REDUCE_SUM", "max": "REDUCE_MAX", "min": "REDUCE_MIN"}
+XLA_RNG_KEY = "xla_rng"   # the checkpoint's entry for the XLA device's random seed (dropout on the device)
+CPU = torch.device("cpu")
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def require_torch_xla() -> None:
+    """Raise, in words, when torch_xla is missing or was built for another torch (checked from the installed
+    packages' versions, before importing torch_xla, which would fail with undefined symbols)."""
+    try:
+        version = importlib.metadata.version("torch_xla")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(
+            f"accelerator='tpu' / strategy='xla' needs torch_xla, which is not installed (torch here is "
+            f"{torch.__version__}). Install it with the torch it pins: pip install 'easyfit[xla]' (torch_xla "
+            f"{TORCH_XLA_VERSION}, which requires torch {_minor(TORCH_XLA_VERSION)}; use a separate virtual "
+            f"environment if this one needs another torch), and on a TPU VM pip install "
+            f"'torch_xla[tpu]=={TORCH_XLA_VERSION}' for the TPU runtime. See docs/tpu.md.") from None
+    if _minor(version) != _minor(torch.__version__):
+        raise RuntimeError(
+            f"torch_xla {version} works only with torch {_minor(version)}, but torch {torch.__version__} is "
+            f"installed. Install the matching pair: pip install 'easyfit[xla]' (torch_xla {TORCH_XLA_VERSION} with "
+            f"torch {TORCH_XLA_VERSION}), or the torch_xla release of your torch. See docs/tpu.md.")
+
+
+def on_xla_cpu() -> bool:
+    """True when torch_xla's device is XLA:CPU (PJRT_DEVICE=CPU), where the tests run."""
+    return os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
+
+
+class XLAStrategy(Strategy):
+    """One XLA device in this process (devices=1), or one process per device of this host (torch_xla.launch)."""
+
+    name = "xla"
+    uses_launcher_processes = False
+    sums_losses_per_step = True
+
+    def __init__(self):
+        require_torch_xla()
+        super().__init__()
+        self.all_devices = False   # launch one process per device of this host (set by configure)
+        self.device_count: int | None = None   # the number of devices the call asked for (None: every one)
+        self.running = False   # this process holds its XLA device (setup_environment ran)
+        self._trained: tuple[torch.nn.Module, Any] | None = None   # what teardown brings back to the CPU
+        self._eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None   # (net, its copy on the device)
+        self._reduced = False   # the gradients of this step were averaged already (before clipping)
+
+    def configure(self, accelerator: str = "tpu", parallel_devices: list[torch.device] | None = None,
+                  num_nodes: int = 1, environment=None, process_group_backend: str | None = None) -> None:
+        """`parallel_devices` from the connector: [xla:0] for one device, [xla:0 .. xla:N-1] for N, [xla] (no
+        index) for every device of this host."""
+        devices = parallel_devices or [torch.device("xla", 0)]
+        self.all_devices = len(devices) > 1 or devices[0].index is None
+        self.device_count = None if devices[0].index is None else len(devices)
+
+    # --- what the connector checks ------------------------------------------------------
+    @property
+    def starts_processes(self) -> bool:
+        return self.all_devices
+
+    def check_call(self, call) -> None:
+        if call.num_nodes > 1:
+            raise ValueError("strategy='xla' takes the hosts of a TPU pod from torch_xla, not from num_nodes: start "
+                             "the script on every host (gcloud compute tpus tpu-vm ssh ... --worker=all, see "
+                             "docs/tpu.md) and leave num_nodes=1")
+        if call.external:
+            raise ValueError(f"strategy='xla' starts its processes through torch_xla, but this process was started "
+                             f"by {call.environment.name}. Run the script with plain python on each TPU host.")
+        every = call.devices[0].index is None   # every device of this host: CPU_NUM_DEVICES of them on XLA:CPU
+        if on_xla_cpu() and (int(os.environ.get("CPU_NUM_DEVICES", "1")) if every else len(call.devices)) > 1:
+            raise ValueError(
+                "several XLA:CPU devices (PJRT_DEVICE=CPU) cannot train: torch_xla "
+                f"{importlib.metadata.version('torch_xla')} runs no collective between them (its first all-reduce "
+                "waits forever; pytorch/xla issue 9089). Use devices=1 on XLA:CPU; several devices need TPUs.")
+
+    def processes_per_node(self, call) -> None:
+        return None
+
+    # --- identity -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._runtime().world_size() if self.running else 1
+
+    @property
+    def global_rank(self) -> int:
+        return self._runtime().global_ordinal() if self.running else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._runtime().local_ordinal() if self.running else 0
+
+    @staticmethod
+    def _runtime():
+        import torch_xla.runtime as xr
+        return xr
+
+    @property
+    def launcher(self):
+        if not self.all_devices:
+            return None
+        from easyfit.distributed.launchers.xla import XLALauncher
+        return XLALauncher(self)
+
+    # --- life -----------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        import torch_xla
+        self.root_device = torch_xla.device()
+        self.running = True
+        local = self._runtime().local_device_count() if self.all_devices else 1
+        if self.device_count not in (None, local):
+            raise ValueError(f"devices={self.device_count}, but torch_xla runs one process per device of this host, "
+                             f"which has {local}. Pass devices='auto' (or 1), or limit the devices torch_xla sees "
+                             "(TPU_VISIBLE_CHIPS, see docs/tpu.md).")
+
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed":
+            raise ValueError("precision='16-mixed' (float16 with loss scaling) is not supported on XLA devices: "
+                             "TPUs compute in bfloat16. Use precision='bf16-mixed' (autocast to bfloat16, no loss "
+                             "scaling) or '32'.")
+
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        move(net, optimizer, self.root_device)
+        self._trained = (net, optimizer)
+        return net, optimizer, scheduler
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The net itself when it is on the device (validation in fit); else a copy there, made once per call, so
+        the user's net and optimizer keep their parameters."""
+        if all(tensor.device == self.root_device for tensor in _tensors(net)):
+            return net
+        if self._eval_copy is None or self._eval_copy[0] is not net:
+            self._eval_copy = (net, copy.deepcopy(net).to(self.root_device))
+        return self._eval_copy[1]
+
+    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
+                  net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
+        back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
+        if self._trained is not None:
+            move(*self._trained, CPU)
+        self._trained = None
+
+    def teardown(self) -> None:
+        """A fit that failed leaves the net on the CPU too."""
+        self.hand_back(None, None, None, None)
+        self._eval_copy = None
+
+    # --- data -----------------------------------------------------------------------
+    @property
+    def batch_device(self) -> torch.device:
+        return CPU   # the parallel loader puts each batch on the device
+
+    def feed(self, batches):
+        """The first batch moved here at once, the rest through the parallel loader, which reads ahead: started
+        after the loop's first step, which may change how the source makes the batches (labels of shape (N, 1)
+        flattened, integer inputs made floats), so none is read ahead in the old form."""
+        from torch_xla.distributed.parallel_loader import MpDeviceLoader
+        iterator = iter(batches)
+        for first in iterator:
+            yield move_to_device(first, self.root_device)
+            yield from MpDeviceLoader(iterator, self.root_device)
+
+    # --- state ----------------------------------------------------------------------
+    def module_state(self, net: torch.nn.Module) -> dict:
+        return _to_cpu(super().module_state(net))
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return _to_cpu(super().optimizer_state(optimizer))
+
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        import torch_xla.core.xla_model as xm
+        super().save_checkpoint(path, {**state, XLA_RNG_KEY: xm.get_rng_state(self.root_device)})
+
+    def load_checkpoint(self, path: str) -> dict:
+        import torch_xla.core.xla_model as xm
+        state = load_checkpoint_file(path, map_location=CPU)
+        if state.get(XLA_RNG_KEY) is not None:
+            xm.set_rng_state(state.pop(XLA_RNG_KEY), self.root_device)
+        return state
+
+    # --- step -----------------------------------------------------------------------
+    def clip_gradients(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       precision: Precision) -> None:
+        """Clipped after the replicas' gradients are averaged, as DDP clips."""
+        import torch_xla.core.xla_model as xm
+        xm.reduce_gradients(optimizer)
+        super().clip_gradients(net, optimizer, max_norm, precision)
+        self._reduced = True
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
+        """The replicas' gradients averaged, then the optimizer's step (the parallel loader syncs the graph)."""
+        import torch_xla.core.xla_model as xm
+        if self._reduced:
+            optimizer.step()
+        else:
+            xm.optimizer_step(optimizer)
+        self._reduced = False
+
+    # --- collectives ----------------------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        if self.world_size == 1:
+            return tensor
+        import torch_xla.core.xla_model as xm
+        result = xm.all_reduce(getattr(xm, REDUCE_OPS[op]), tensor.to(self.root_device))
+        return result / self.world_size if op == "mean" else result
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every replica's tensor; their first dimensions may differ (padded for the transfer, trimmed after)."""
+        if self.world_size == 1:
+            return [tensor]
+        import torch_xla.core.xla_model as xm
+        if tensor.dim() == 0:
+            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
+        device = self.root_device
+        lengths = xm.all_gather(torch.tensor([len(tensor)], device=device)).tolist()
+        padded = torch.zeros((max(lengths), *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+        padded[:len(tensor)] = tensor.to(device)
+        gathered = xm.all_gather(padded.unsqueeze(0)).split(1)
+        return [part[0, :length].to(tensor.device) for part, length in zip(gathered, lengths)]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self.world_size == 1:
+            return obj
+        import torch_xla.core.xla_model as xm
+        return xm.mesh_reduce("easyfit.broadcast", obj, lambda objects: objects[src])
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch_xla.core.xla_model as xm
+            xm.rendezvous("easyfit.barrier")
+
+    def __repr__(self) -> str:
+        devices = "every device of this host" if self.all_devices else "1 device"
+        return f"XLAStrategy({devices}, device={self.root_device})"
+
+
+def move(net: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+    """`net.to(device)`, with the optimizer kept on the net's parameters and its state moved with them. Between
+    the CPU and an XLA device torch replaces every Parameter object (their tensor types differ), so the optimizer's
+    references are renewed by parameter name."""
+    names = {id(param): name for name, param in net.named_parameters()}
+    net.to(device)
+    if optimizer is None:
+        return
+    moved = dict(net.named_parameters())
+    renew = {param_id: moved[name] for param_id, name in names.items()}
+    for group in optimizer.param_groups:
+        group["params"] = [renew.get(id(param), param) for param in group["params"]]
+    optimizer.state = defaultdict(dict, {renew.get(id(param), param): state
+                                         for param, state in optimizer.state.items()})
+    align_state(optimizer)
+
+
+def _tensors(net: torch.nn.Module):
+    yield from net.parameters()
+    yield from net.buffers()
+
+
+def _to_cpu(state: dict) -> dict:
+    """A state dict with every tensor copied to the CPU (what a plain CPU net or optimizer loads)."""
+    return map_tensors(lambda tensor: tensor.to(CPU), state)
