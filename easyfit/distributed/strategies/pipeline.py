@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from easyfit.data import EvalSampler, interleave
+from easyfit.data import interleave
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.pipeline_engine import IDENTITY, Layout, PipelinedNet
@@ -28,6 +28,7 @@ from easyfit.distributed.strategies.pipeline_state import (
 )
 from easyfit.distributed.strategies.sharding import move_scheduler, optimizer_params, rebuild_optimizer
 from easyfit.precision import Precision
+from easyfit.samplers import EvalSampler
 
 
 class PipelineStrategy(ParallelStrategy):
