@@ -66,7 +66,7 @@ def check_evaluation(outcome: list[dict], check: str) -> dict:
 
 
 def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
-    outcome = run(tmp_path, "parity,evaluate,resume", devices=2)
+    outcome = run(tmp_path, "parity,evaluate,groups,resume", devices=2)
     for case, options in PARITY.items():   # every batch of 20 in 3 micro-batches leaves a rest of 2
         expected = reference(**options)
         for rank in (0, 1):   # every rank holds the whole trained net after fit
@@ -74,6 +74,9 @@ def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
             print(f"parity {case:18s} rank {rank}: max weight difference {difference:.2e}")
             assert difference <= 1e-5, f"{case} differs from plain PyTorch by {difference}"
     assert max_difference(reference(**WITH_ACCUMULATION), reference()) > 1e-3   # the options matter
+
+    for rank in (0, 1):   # a stage without parameters; an optimizer's param groups split between the stages
+        assert outcome[rank]["groups"] <= 1e-5
 
     expected = check_evaluation(outcome, "evaluate")
     found = outcome[0]["evaluate"]

@@ -7,6 +7,9 @@ CHECKS is a comma-separated list of:
               1F1B (2 stages per rank) (weights after fit)
   evaluate    after a fit with validation: the last epoch's val_loss / val_accuracy, and evaluate and predict on 2
               stages, on 101 samples in batches of 8 (the weights are in result too)
+  groups      a first stage without parameters (balance [1, 3] on Tanh, Linear, Tanh, Linear) and an optimizer of
+              two param groups with their own learning rates, one per stage: the largest weight difference from
+              plain PyTorch, computed here
   resume      ModelCheckpoint after 2 of 4 epochs on 2 stages, resumed to 4 on 1 stage x 2 replicas, beside 4
               straight; and a rank-0-only save after fit
   mesh        (4 processes) 2 stages x 2 replicas, 2 epochs, against plain PyTorch, a resume after epoch 1 onto
@@ -67,6 +70,26 @@ def evaluate(devices: int) -> dict:
             "predictions": model.predict(x[:101], **options)}
 
 
+def groups(devices: int) -> float:
+    def make():
+        torch.manual_seed(2)
+        net = torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        return net, torch.optim.Adam([{"params": net[1].parameters(), "lr": 0.01},
+                                      {"params": net[3].parameters(), "lr": 0.02}])
+    x, y = make_data()
+    net, optimizer = make()
+    easyfit.Model(net, "cross_entropy", optimizer).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, lr_scaling=None, devices=devices,
+        accelerator="cpu", strategy=Pipeline(balance=[1, 3], microbatches=2))
+    reference, plain = make()
+    for _ in range(2):
+        for start in range(0, len(x), 16):
+            plain.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x[start:start + 16]), y[start:start + 16]).backward()
+            plain.step()
+    return max((net.state_dict()[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+
+
 def resume(devices: int, out: str) -> dict:
     pattern = os.path.join(out, "pipeline-epoch{epoch}.pt")
     model = fit(Pipeline(balance=[2, 2]), devices, batch_size=32, epochs=2,
@@ -104,6 +127,8 @@ def main() -> None:
         results["parity"] = parity(args.devices)
     if "evaluate" in checks:
         results["evaluate"] = evaluate(args.devices)
+    if "groups" in checks:
+        results["groups"] = groups(args.devices)
     if "resume" in checks:
         results["resume"] = resume(args.devices, args.out)
     if "mesh" in checks:
