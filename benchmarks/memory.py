@@ -12,6 +12,12 @@ holds (the local slice of a sharded tensor, a ZeRO-3 partition):
   step             median wall time of a training step after 3 warm-up steps
 Ratios are against DDP's figures; the table lists rank 0 (rank 1 differs by at most a partition's padding).
 
+    python benchmarks/memory.py --pipeline [--steps N]
+
+--pipeline trains 4 blocks of Linear(1024, 1024) + ReLU and a Linear(1024, 10) head (4.2 M parameters) with
+strategy="pipeline" (2 stages, balance "auto") and prints each stage's bytes of parameters + gradients + Adam state
+beside the whole net's and its share (each stage must hold at most its share + 10 %).
+
     python benchmarks/memory.py --cuda [--strategies single,deepspeed_stage_2,...]
 
 On one CUDA GPU: the peak GPU memory (torch.cuda.max_memory_allocated) of one epoch of the MLP
@@ -32,6 +38,7 @@ import torch
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.sharding import local_bytes, rank_memory, stepping_optimizer
 
 STRATEGIES = ["ddp", "zero", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "deepspeed_stage_1", "deepspeed_stage_2",
@@ -74,12 +81,22 @@ class Measure(Callback):
         self.rows = self.model.strategy.all_gather(row)
 
 
-def measure(strategy: str, steps: int) -> list[torch.Tensor]:
+def mlp() -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                               torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+
+def blocks() -> torch.nn.Sequential:
+    """Four equal blocks and a small head: layers a pipeline can cut into equal stages."""
+    block = [torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU()) for _ in range(4)]
+    return torch.nn.Sequential(*block, torch.nn.Linear(1024, 10))
+
+
+def measure(strategy: str, steps: int, net: torch.nn.Module | None = None) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    x, y = torch.randn(64 * 2 * steps, 784), torch.randint(0, 10, (64 * 2 * steps,))
-    layers = [torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-              torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]
-    net = torch.nn.Sequential(*layers)
+    net = net or mlp()
+    features = net[0].in_features if isinstance(net[0], torch.nn.Linear) else 1024
+    x, y = torch.randn(64 * 2 * steps, features), torch.randint(0, 10, (64 * 2 * steps,))
     model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=1e-3))
     callback = Measure()
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, lr_scaling=None, devices=2,
@@ -145,12 +162,30 @@ def cuda_main(strategies: list[str]) -> None:
         print(f"{name:28s} {peak / 1e6:9.0f} MB  {peak / plain:4.2f}x{verdict}")
 
 
+def pipeline(steps: int) -> None:
+    """Each stage's training state against the whole net's, on 2 stages."""
+    net = blocks()
+    whole = estimate(net, torch.optim.Adam(net.parameters())).total
+    rows = measure("pipeline", steps, net)
+    if easyfit.distributed.environments.launch_identity()[0] != 0:
+        return
+    share = 1 / len(rows)
+    print(f"whole net: parameters + gradients + Adam state = {whole / 1e6:.2f} MB; each stage's share {share:.0%}")
+    print(f"{'stage':>5s} {'parameters':>11s} {'gradients':>11s} {'optimizer':>11s} {'total':>11s} {'of whole':>9s}")
+    for stage, row in enumerate(rows):
+        total = float(row[:3].sum())
+        verdict = "ok" if total <= (share + 0.1) * whole else "OVER share + 10 %"
+        print(f"{stage:5d} " + " ".join(f"{float(row[i]) / 1e6:8.2f} MB" for i in range(3))
+              + f" {total / 1e6:8.2f} MB {total / whole:8.1%}  {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--strategies", default=None)
     parser.add_argument("--cuda", action="store_true", help="peak memory on one CUDA GPU against plain PyTorch")
     parser.add_argument("--cuda-one", help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline", action="store_true", help="each pipeline stage's bytes against the whole net")
     args = parser.parse_args()
     if args.cuda_one:
         print(json.dumps({"peak": cuda_peak(args.cuda_one)}))
@@ -158,8 +193,10 @@ def main() -> None:
     if args.cuda:
         cuda_main((args.strategies or ",".join(CUDA_STRATEGIES)).split(","))
         return
-    args.strategies = args.strategies or ",".join(STRATEGIES)
     torch.set_num_threads(1)
+    if args.pipeline:
+        return pipeline(args.steps)
+    args.strategies = args.strategies or ",".join(STRATEGIES)
     rows = {name: measure(name, args.steps) for name in args.strategies.split(",") if available(name)}
     if easyfit.distributed.environments.launch_identity()[0] != 0:
         return

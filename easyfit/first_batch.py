@@ -178,6 +178,8 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
         output = step.forward(net, precision.convert_input(inputs))
+    if output is None:   # this rank holds no outputs (a pipeline's earlier stage): the last stage checks them
+        return
     check_output_kind(output, model.loss_fn, model.metrics)
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
         check_targets(model.loss_fn, output, step.class_targets(output, target, model.loss_fn))

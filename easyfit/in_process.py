@@ -10,7 +10,7 @@ from easyfit.callbacks.backup_and_restore import backup_to_resume
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
-from easyfit.data import batch_count, interleave, make_batches, split_validation
+from easyfit.data import batch_count, make_batches, split_validation
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.first_batch import prepare, prepare_fit_data
 from easyfit.loop import Loop, TrainingObjects, TrainingSettings
@@ -166,7 +166,7 @@ def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: i
                         f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
                         "predict with strategy='single' (or devices=1) instead")
     local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
-    return interleave(strategy.all_gather(local))
+    return strategy.gather_outputs(local)
 
 
 def _as_pair(validation_data) -> tuple:

@@ -160,7 +160,7 @@ class Loop:
         accumulate = self.settings.gradient_accumulation_steps
         divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
         batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
-        has_metrics, autocast = bool(metrics), precision.autocast()   # one context, entered once per step
+        has_metrics = bool(metrics)
         tracker = self._loss_tracker()
         num_batches = batch_count(batches)
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
@@ -172,7 +172,7 @@ class Loop:
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
         metrics.reset()
-        first_step = getattr(batches, "first_step", None)
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, loss_fn, None)
         with strategy.uneven_inputs(net) if uneven else SYNC:
             for step, batch in enumerate(strategy.feed(remaining), first):
                 if batch_begin:
@@ -180,15 +180,12 @@ class Loop:
                 inputs, target = split_batch(precision.convert_input(batch))
                 boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
                 with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
-                    with autocast:
-                        if first_step is None:
-                            output, loss = forward_loss(net, loss_fn, inputs, target)
-                        else:   # the checks of the first batch run in its real step (see easyfit.first_batch)
-                            output, target, loss = first_step.run(net, inputs, target, loss_fn)
-                            first_step = batches.first_step = None
                     if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                         strategy.zero_grad(optimizer)
-                    strategy.backward(loss / divisor if divisor > 1 else loss, precision)
+                    run = plain if first_step is None else _runner(forward_loss, loss_fn, first_step)
+                    output, target, loss = strategy.training_step(net, inputs, target, run, precision, divisor)
+                    if first_step is not None:   # the checks of the first batch ran in its real step
+                        first_step = batches.first_step = None
                 if boundary:
                     self._optimizer_step()
                 elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
@@ -197,7 +194,7 @@ class Loop:
                 loss = loss.detach()
                 size = batch_length(target if target is not None else inputs)
                 tracker.add(loss, size)
-                if has_metrics:
+                if has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
                     metrics.update(output, target)
                 if batch_end:
                     callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
@@ -292,16 +289,14 @@ class Loop:
                 if batch_begin:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
-                with precision.autocast():
-                    first_step = getattr(batches, "first_step", None)
-                    if first_step is None:
-                        output, loss = forward_loss(net, self.loss_fn, inputs, target)
-                    else:
-                        output, target, loss = first_step.run(net, inputs, target, self.loss_fn)
-                        batches.first_step = None
+                first_step = getattr(batches, "first_step", None)
+                run = _runner(forward_loss, self.loss_fn, first_step)
+                output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
+                if first_step is not None:
+                    batches.first_step = None
                 size = batch_length(target)
                 tracker.add(loss.detach(), size)
-                if metrics:
+                if metrics and output is not None:
                     metrics.update(output, target)
                 if batch_end:
                     callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
@@ -325,17 +320,31 @@ class Loop:
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
-                with precision.autocast():
-                    first_step = getattr(batches, "first_step", None)
-                    if first_step is None:
-                        output, _ = forward(net, None, inputs, None)
-                    else:
-                        output = first_step.forward(net, inputs)
-                        batches.first_step = None
-                outputs.append(_to_cpu(output))
+                first_step = getattr(batches, "first_step", None)
+                output = self.strategy.evaluation_step(net, inputs, None, _runner(forward, None, first_step),
+                                                       precision)[0]
+                if first_step is not None:
+                    batches.first_step = None
+                if output is not None:   # None: this rank holds no outputs (see evaluation_step)
+                    outputs.append(_to_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
             callbacks.call("on_predict_end", None)
         return outputs
+
+
+def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:
+    """run(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
+    loss without `loss_fn`), the first batch's through its `FirstStep` (the checks, and the target as the loss
+    takes it). The strategy's training_step / evaluation_step calls it."""
+    if first_step is not None:
+        if loss_fn is None:
+            return lambda net, inputs, target: (first_step.forward(net, inputs), target, None)
+        return lambda net, inputs, target: first_step.run(net, inputs, target, loss_fn)
+
+    def run(net, inputs, target):
+        output, loss = forward_loss(net, loss_fn, inputs, target)
+        return output, target, loss
+    return run
 
 
 @contextlib.contextmanager

@@ -384,6 +384,7 @@ class Model:
                            training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
         check_call(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
+        strategy.check_net(self.net)
         check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
         if method == "fit":

@@ -20,6 +20,7 @@ CLASSES = {
     "DeepSpeed": ("easyfit.distributed.strategies.deepspeed", "DeepSpeedStrategy"),
     "Horovod": ("easyfit.distributed.strategies.horovod", "HorovodStrategy"),
     "Bagua": ("easyfit.distributed.strategies.bagua", "BaguaStrategy"),
+    "Pipeline": ("easyfit.distributed.strategies.pipeline", "PipelineStrategy"),
     "XLA": ("easyfit.distributed.strategies.xla", "XLAStrategy"),
 }
 __all__ = list(CLASSES)

@@ -74,6 +74,11 @@ def _deepspeed(stage: int, offload: bool = False) -> Callable[[Call], Strategy]:
     return build
 
 
+def _pipeline(call: Call) -> Strategy:
+    from easyfit.distributed.strategies.pipeline import PipelineStrategy
+    return PipelineStrategy()
+
+
 def _horovod(call: Call) -> Strategy:
     from easyfit.distributed.strategies.horovod import HorovodStrategy
     return HorovodStrategy()
@@ -111,6 +116,7 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "deepspeed_stage_3_offload": _deepspeed(3, offload=True),
     "horovod": _horovod,
     "bagua": _bagua,
+    "pipeline": _pipeline,
     "xla": _xla,
 }
 #: names of backends that later versions of easyfit add

@@ -130,6 +130,7 @@ NAMED = {
         "deepspeed_stage_3_offload")},
     "horovod": ("HorovodStrategy", None, "HorovodLauncher"),
     "bagua": ("BaguaStrategy", None, "ScriptLauncher"),
+    "pipeline": ("PipelineStrategy", None, "ScriptLauncher"),
     "xla": ("XLAStrategy", None, None),
 }
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Sampler
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.data import interleave
 from easyfit.optimizers import align_state
 from easyfit.precision import Precision
 from easyfit.samplers import EpochSampler, EvalSampler
@@ -102,6 +103,10 @@ class Strategy:
 
     def check_call(self, call) -> None:
         """Raise if this strategy cannot serve the call (devices, nodes, launcher) as asked, saying what to change."""
+
+    def check_net(self, net: torch.nn.Module) -> None:
+        """Raise if this strategy cannot train or run `net` as configured, saying what to change; called before any
+        process starts."""
 
     def processes_per_node(self, call) -> int | None:
         """How many processes per node this strategy runs for the call; None: no check against the launcher."""
@@ -200,6 +205,30 @@ class Strategy:
         """What the loop iterates in an epoch of training, evaluation or prediction, from the batch source's
         batches (on `batch_device`): they themselves here; a backend with its own loader wraps them (XLA)."""
         return batches
+
+    # --- steps, and where outputs live -------------------------------------------------
+    def training_step(self, net: torch.nn.Module, inputs: Any, target: Any, run: Callable, precision: Precision,
+                      divisor: int = 1) -> tuple[Any, Any, torch.Tensor]:
+        """Forward, loss and backward of one batch (the loss divided by `divisor` for the backward: an accumulation
+        window). `run(net, inputs, target) -> (output, target, loss)` is the loop's forward and loss (on the first
+        batch with its checks, the target as the loss takes it). Returns (output, target, loss): the output, or None
+        on a rank that holds no outputs (a pipeline's earlier stages); the batch's undivided loss on every rank."""
+        with precision.autocast():
+            output, target, loss = run(net, inputs, target)
+        self.backward(loss / divisor if divisor > 1 else loss, precision)
+        return output, target, loss
+
+    def evaluation_step(self, net: torch.nn.Module, inputs: Any, target: Any, run: Callable,
+                        precision: Precision) -> tuple[Any, Any, torch.Tensor | None]:
+        """The forward (and loss) of one evaluation or prediction batch of `module_for_eval`'s module, with `run`
+        as in `training_step` (for predict, its loss is None): (output, or None where this rank holds no outputs;
+        the target; the loss on every rank)."""
+        with precision.autocast():
+            return run(net, inputs, target)
+
+    def gather_outputs(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's predictions (this rank's: `local`, for its `eval_sampler` share), in input order."""
+        return interleave(self.all_gather(local))
 
     # --- step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:

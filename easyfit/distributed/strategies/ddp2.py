@@ -14,6 +14,22 @@ from easyfit.distributed.strategies.ddp import ParallelStrategy
 from easyfit.precision import Precision
 
 
+def average_gradients(params: list[torch.Tensor], size: int, group=None) -> None:
+    """Average the gradients over the `size` ranks of `group` as one flat buffer. A parameter this rank did not use
+    gets a zero gradient, so every rank reduces a buffer of the same layout."""
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    grads = [p.grad for p in params]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        grad.copy_(synced)
+
+
 class DDP2Strategy(ParallelStrategy):
     """Ranks are nodes. Parameters are broadcast from rank 0 at setup; gradients are averaged after each backward."""
 
@@ -55,19 +71,8 @@ class DDP2Strategy(ParallelStrategy):
             self._average_gradients()
 
     def _average_gradients(self) -> None:
-        """All-reduce every gradient as one flat buffer, then divide by the number of nodes. A parameter this node
-        did not use gets a zero gradient, so every node reduces a buffer of the same layout."""
-        for param in self._params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        grads = [p.grad for p in self._params]
-        if not grads:
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            grad.copy_(synced)
+        """All-reduce every gradient as one flat buffer, then divide by the number of nodes."""
+        average_gradients(self._params, self.world_size)
 
     @contextlib.contextmanager
     def no_sync(self, net: torch.nn.Module):

@@ -15,3 +15,9 @@ def make_data():
 def make_net() -> nn.Module:
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def make_pipeline_net() -> nn.Module:
+    """Four layers (a pipeline of 2 stages takes 2 each); the last is a block of two."""
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Sequential(nn.Tanh(), nn.Linear(16, 3)))

@@ -1,0 +1,278 @@
+"""Pipeline parallelism (torch.distributed.pipelining): an nn.Sequential cut into stages, one stage per rank (several
+with the interleaved schedule), each batch run as micro-batches through GPipe, 1F1B or interleaved 1F1B, and, with
+fewer stages than ranks, data-parallel replicas of the whole pipeline (a 2-D mesh: pipeline groups x replica groups).
+
+The stages are the user's own layers (moved to this rank's device), trained in place; the optimizer is rebuilt over
+this rank's parameters. State is read and written as the whole net's (every rank takes part), so checkpoints are one
+file a plain nn.Sequential loads, and load onto any number of stages. See docs/pipeline.md.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DistributedSampler, Sampler
+
+from easyfit.data import interleave
+from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
+from easyfit.distributed.strategies.ddp2 import average_gradients
+from easyfit.distributed.strategies.pipeline_engine import IDENTITY, Layout, PipelinedNet
+from easyfit.distributed.strategies.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
+from easyfit.distributed.strategies.pipeline_state import (
+    full_optimizer_state,
+    merge_states,
+    stage_optimizer_state,
+    stage_part,
+)
+from easyfit.distributed.strategies.sharding import move_scheduler, optimizer_params, rebuild_optimizer
+from easyfit.precision import Precision
+from easyfit.samplers import EvalSampler
+
+
+class PipelineStrategy(ParallelStrategy):
+    """strategy="pipeline", or `easyfit.strategies.Pipeline(...)` with options.
+
+    Args:
+        balance: layers per stage ([2, 2, 1, 1]), or "auto": cuts that give each stage an equal share of the
+            parameters as nearly as whole layers allow.
+        microbatches: micro-batches each batch is split into (default: 4, at least the number of stages).
+        schedule: "gpipe", "1f1b" or "interleaved_1f1b" (`chunks` stages per rank).
+        checkpoint: activation checkpointing per micro-batch: "never", "except_last" (default) or "always".
+        stages: processes per pipeline (default: every process, or len(balance) / chunks); fewer than the world
+            size make data-parallel replicas of the pipeline.
+        chunks: stages per rank for "interleaved_1f1b" (default 2).
+    """
+
+    name = "pipeline"
+
+    def __init__(self, balance="auto", microbatches: int | None = None, schedule: str = "gpipe",
+                 checkpoint: str = "except_last", stages: int | None = None, chunks: int | None = None, **kwargs):
+        check_options(balance, microbatches, schedule, checkpoint, stages)
+        interleaved = schedule == "interleaved_1f1b"
+        if chunks is not None and (not interleaved or not isinstance(chunks, int) or chunks < 1):
+            raise ValueError(f"chunks (stages per rank) applies to schedule='interleaved_1f1b' and must be a "
+                             f"positive int; got chunks={chunks!r} with schedule={schedule!r}")
+        super().__init__(**kwargs)
+        self.balance, self.schedule, self.checkpoint = balance, schedule, checkpoint
+        self.chunks = chunks or (2 if interleaved else 1)
+        if balance != "auto" and stages is None:
+            if len(balance) % self.chunks:
+                raise ValueError(f"balance {list(balance)} gives {len(balance)} stages, which is not a multiple of "
+                                 f"{self.chunks} stages per rank (chunks)")
+            stages = len(balance) // self.chunks
+        self.stages, self.microbatches = stages, microbatches
+        self._groups, self._own_group = None, False
+        self._net = self._optimizer = self._scheduler = None
+        self._global_index: list[int] = []   # each stage parameter's index in the user's optimizer
+        self._user_groups: list[dict] = []   # the user's optimizer's param groups (state dict form)
+        self._keys: list[str] = []   # the whole net's state dict keys, in order
+        self._eval_nets: dict[int, PipelinedNet] = {}
+        self._synchronise = True
+
+    # --- the mesh -------------------------------------------------------------------
+    @property
+    def pipeline_size(self) -> int:
+        return self.stages or self.world_size
+
+    @property
+    def layout(self) -> Layout:
+        size = self.pipeline_size
+        return Layout(size, self.world_size // size, self.global_rank % size, self.global_rank // size, self.chunks)
+
+    @property
+    def batch_factor(self) -> int:
+        return self.world_size // self.pipeline_size
+
+    def describe_batch_factor(self) -> str:
+        return "pipeline replicas" if self.batch_factor != 1 else "pipeline replica"
+
+    def check_call(self, call) -> None:
+        if call.interactive and not call.external and len(call.devices) > 1:
+            raise ValueError("strategy='pipeline' re-runs your script in each extra process, but this is a notebook "
+                             "or REPL: run the code as a script (or under torchrun)")
+        world = len(call.devices) * call.num_nodes if not call.external else call.environment.world_size()
+        size = self.stages or world
+        if size > world:
+            raise ValueError(f"stages={size} needs at least {size} processes, but the call runs {world}: pass "
+                             f"devices={size} (or a multiple of it for data-parallel replicas), or fewer stages")
+        if world % size:
+            raise ValueError(f"the pipeline has {size} processes per replica, which does not divide the {world} "
+                             "processes: use a number of devices that is a multiple of stages")
+        if self.schedule == "1f1b" and self.microbatches is not None and self.microbatches < size:
+            raise ValueError(f"schedule='1f1b' needs at least as many micro-batches as stages ({size}); got "
+                             f"microbatches={self.microbatches}")
+
+    def check_net(self, net: nn.Module) -> None:
+        """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
+        resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
+
+    def setup_environment(self) -> None:
+        self._own_group = self.world_size == 1 and not dist.is_initialized()
+        super().setup_environment()
+        if self._groups is None:   # every rank creates every group, in the same order
+            size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
+            pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]
+            replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
+            self._groups = pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]
+
+    def teardown(self) -> None:
+        """A pipeline of one process (a debugging run) ends the process group it opened with the call."""
+        super().teardown()
+        if self._own_group:
+            destroy_process_group()
+            self._groups, self._own_group = None, False
+            self._eval_nets.clear()   # their stages talk through the group that ended
+
+    # --- precision ------------------------------------------------------------------
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed":
+            raise ValueError("strategy='pipeline' trains in precision '32', 'bf16-mixed' or '64'; '16-mixed' scales "
+                             "the loss and would skip a step on some stages only. Use precision='bf16-mixed'.")
+
+    # --- the net --------------------------------------------------------------------
+    def _split(self, net: nn.Module) -> PipelinedNet:
+        """This rank's stages of `net` (its own layers, moved to this rank's device), ready to run."""
+        layers = layers_of(net)
+        layout = self.layout
+        balance = resolve_balance(self.balance, layers, layout.num_stages)
+        mine = [stage_layers(layers, balance, index).to(self.root_device) for index in layout.local_stages]
+        microbatches = self.microbatches or max(4, layout.pipeline_size)
+        return PipelinedNet(mine, layout, self._groups[0], self.root_device, self.schedule, microbatches,
+                            self.checkpoint)
+
+    def setup(self, net: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        pipelined = self._split(net)
+        own = {id(p) for p in pipelined.parameters()}
+        indices = {id(p): index for index, p in enumerate(optimizer_params(optimizer))}
+        rebuilt = rebuild_optimizer(optimizer, lambda p: p)
+        for group in rebuilt.param_groups:   # this stage's parameters only
+            group["params"] = [p for p in group["params"] if id(p) in own]
+        self._global_index = [indices[id(p)] for p in optimizer_params(rebuilt)]
+        self._user_groups, self._keys = optimizer.state_dict()["param_groups"], list(net.state_dict())
+        self._net, self._optimizer, self._scheduler = pipelined, rebuilt, scheduler
+        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
+            self.load_optimizer_state(rebuilt, optimizer.state_dict())
+        move_scheduler(scheduler, rebuilt)
+        self._trained = [p for p in pipelined.parameters() if p.requires_grad]
+        return pipelined, rebuilt, scheduler
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        """Every rank: the whole trained net into the user's net (stage layers were trained in place, the others
+        arrive from their ranks) and the whole optimizer state into the user's optimizer."""
+        move_scheduler(self._scheduler, user_optimizer)
+        user_net.load_state_dict(self.module_state(net))
+        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
+
+    def module_for_eval(self, net: nn.Module) -> nn.Module:
+        """The pipelined net during fit; outside fit, this rank's stages of the user's net (kept for later calls)."""
+        if isinstance(net, PipelinedNet):
+            return net
+        if id(net) not in self._eval_nets:
+            self._eval_nets[id(net)] = self._split(net)
+        return self._eval_nets[id(net)]
+
+    # --- where outputs live ---------------------------------------------------------
+    def training_step(self, net, inputs, target, run, precision: Precision, divisor: int = 1):
+        with precision.autocast():
+            output, target, loss = net.train_batch(inputs, target, run, divisor)
+        if self._synchronise:
+            self._average_gradients()
+        return output, target, self._share_loss(loss)
+
+    def evaluation_step(self, net, inputs, target, run, precision: Precision):
+        """The pipelined forward; the loss (when there is a target: not in predict) on the last stage, shared."""
+        with precision.autocast():
+            output, loss = net(inputs), None
+            if target is None:
+                return output, None, None
+            if output is not None:
+                _, target, loss = run(IDENTITY, output, target)
+        return output, target, self._share_loss(loss)
+
+    def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
+        """The last stage's loss on every rank of its pipeline (so every rank logs and tracks the same loss)."""
+        value = torch.zeros((), dtype=torch.float64, device=self.root_device) if loss is None \
+            else loss.detach().double()
+        if self.pipeline_size > 1:
+            dist.broadcast(value, src=self.layout.last_rank, group=self._groups[0])
+        return value
+
+    def gather_outputs(self, local: torch.Tensor) -> torch.Tensor:
+        """Predictions from each replica's last stage, back in input order."""
+        parts = self.all_gather(local)
+        layout = self.layout
+        return interleave([parts[layout.global_rank(layout.pipeline_size - 1, replica)]
+                           for replica in range(layout.replicas)])
+
+    # --- the step -------------------------------------------------------------------
+    def _average_gradients(self) -> None:
+        """Over the replicas of this rank's stage."""
+        if self.batch_factor > 1:
+            average_gradients(self._trained, self.batch_factor, self._groups[1])
+
+    @contextlib.contextmanager
+    def no_sync(self, net):
+        self._synchronise = False
+        try:
+            yield
+        finally:
+            self._synchronise = True
+
+    def clip_gradients(self, net, optimizer, max_norm: float, precision: Precision) -> None:
+        """Clip to a total norm over every stage's gradients (each replica holds the same, averaged ones)."""
+        precision.unscale_gradients(optimizer)
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
+        if grads:
+            squares = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) ** 2
+        if self.pipeline_size > 1:
+            dist.all_reduce(squares, group=self._groups[0])
+        scale = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(scale.to(grad.dtype))
+
+    # --- state (every rank) ---------------------------------------------------------
+    def module_state(self, net: nn.Module) -> dict:
+        if not isinstance(net, PipelinedNet):
+            return super().module_state(net)
+        own = {key: value.detach().cpu() for layers in net.layers() for key, value in layers.state_dict().items()}
+        return merge_states(self._gather_pipeline(own), self._keys)
+
+    def load_module_state(self, net: nn.Module, state: dict) -> None:
+        if not isinstance(net, PipelinedNet):
+            return super().load_module_state(net, state)
+        for layers in net.layers():
+            layers.load_state_dict({key: state[key] for key in layers.state_dict()})
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        if optimizer is not self._optimizer:
+            return super().optimizer_state(optimizer)
+        own = stage_optimizer_state(optimizer.state_dict(), self._global_index)
+        return full_optimizer_state(self._gather_pipeline(own), self._user_groups)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        if optimizer is not self._optimizer:
+            return super().load_optimizer_state(optimizer, state)
+        optimizer.load_state_dict(stage_part(state, self._global_index))
+
+    def _gather_pipeline(self, obj) -> list:
+        """`obj` from every stage of this rank's pipeline."""
+        if self.pipeline_size == 1:
+            return [obj]
+        gathered = [None] * self.pipeline_size
+        dist.all_gather_object(gathered, obj, group=self._groups[0])
+        return gathered
+
+    # --- data: one share per replica ------------------------------------------------
+    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
+        layout = self.layout
+        return DistributedSampler(range(dataset_len), num_replicas=layout.replicas, rank=layout.replica,
+                                  shuffle=shuffle, seed=seed)
+
+    def eval_sampler(self, dataset_len: int) -> Sampler:
+        return EvalSampler(dataset_len, rank=self.layout.replica, world_size=self.layout.replicas)
+
+    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
+        return DistributedSamplerWrapper(sampler, self.layout.replica, self.layout.replicas)
