@@ -153,5 +153,5 @@ def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | N
         raise ValueError("on the CPU, running out of memory ends the process instead of raising: give find_batch_size "
                          "max_memory (bytes of peak memory per process) or max_batch_size")
     (run,) = split_options(run_kwargs, RunOptions)
-    return model._dispatch("_find_batch_size_in_process", run, x=x, y=y, start=start, limit=limit,
+    return model._dispatch("find_batch_size", run, x=x, y=y, start=start, limit=limit,
                            max_memory=max_memory, steps=steps, options=options)

@@ -4,10 +4,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
 from torch import nn
 
-from easyfit import net_weights
+from easyfit import model_state, net_weights
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.history import History
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
@@ -23,13 +22,10 @@ from easyfit.fault_tolerance import max_restarts_for
 from easyfit.in_process import CALLS, fit_callbacks
 from easyfit.loop import TrainingObjects
 from easyfit.losses import resolve_loss
-from easyfit.lr_scaling import rescale_learning_rates
 from easyfit.metrics import MetricSet, metric_names
 from easyfit.optimizers import (
     build_optimizer,
     build_scheduler,
-    grouped_parameters,
-    optimizer_factory,
     optimizer_name,
     parameter_groups,
 )
@@ -229,20 +225,8 @@ class Model:
 
         Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
         state = load_checkpoint_file(path)
-        spec = state.get("spec", {})
-        if loss is None and spec.get("loss") is None:
-            raise ValueError(f"{os.fspath(path)!r} was saved with a loss easyfit has no name for (an object or a "
-                             "function); pass the same loss to Model.load(..., loss=...)")
-        if optimizer is None and spec.get("optimizer") is None:
-            raise ValueError(f"{os.fspath(path)!r} was saved with an optimizer easyfit has no name for; "
-                             "pass the same kind to Model.load(..., optimizer=...) to restore its state")
-        if optimizer is None and spec.get("param_groups"):   # rebuilt in the saved groups; their settings load next
-            optimizer = optimizer_factory(spec["optimizer"])(grouped_parameters(net, spec["param_groups"]))
-        model = cls(net, loss if loss is not None else spec["loss"],
-                    optimizer if optimizer is not None else spec["optimizer"],
-                    metrics if metrics is not None else spec.get("metrics"),
-                    lr=kwargs.pop("lr", spec.get("lr") if optimizer is None else None),
-                    **kwargs)
+        args, keywords = model_state.saved_arguments(state, path, net, loss, optimizer, metrics, kwargs)
+        model = cls(net, *args, **keywords)
         model.restore(state)
         return model
 
@@ -321,7 +305,12 @@ class Model:
                       devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
                       auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
                       **unknown):
-        """`evaluate` on exactly this batch (x, y); `return_dict` as there."""
+        """`evaluate` on exactly this batch.
+
+        Args:
+            x, y: one batch, as arrays or tensors.
+            return_dict: {"loss": ..., ...} instead of a list (default False).
+        """
         (run,) = call_options(locals(), RunOptions)
         return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **as_keywords(run))
 
@@ -330,49 +319,22 @@ class Model:
                          devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
                          auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
                          **unknown):
-        """`predict` on exactly this batch."""
+        """`predict` on exactly this batch.
+
+        Args:
+            x: one batch of inputs, as arrays or tensors.
+        """
         (run,) = call_options(locals(), RunOptions)
         return self.predict(x, batch_size=sample_count(x), verbose=0, **as_keywords(run))
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
-        """Everything needed to resume training exactly."""
-        strategy, objects = self._state_owner()
-        return {
-            "spec": self.spec,
-            "net": strategy.module_state(objects.net),
-            "optimizer": strategy.optimizer_state(objects.optimizer),
-            "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
-            "scaler": self._precision.state_dict(),
-            "epoch": self.completed_epochs,
-            "position": self.position.state_dict(),
-            "lr_multiplier": self._lr_multiplier,
-            "history": self.history.state_dict(),
-            "callbacks": self._callbacks.state_dict(),
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-        }
+        """Everything needed to resume training exactly (easyfit.model_state)."""
+        return model_state.checkpoint_state(self)
 
     def restore(self, state: dict, training: bool = False) -> None:
         """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
-        strategy, objects = self._state_owner(loading=True)
-        strategy.load_module_state(objects.net, state["net"])
-        strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
-        if objects.scheduler is not None and state.get("scheduler") is not None:
-            objects.scheduler.load_state_dict(state["scheduler"])
-        # the checkpoint's LRs carry the scaling of the run that saved it; bring them to this run's
-        rescale_learning_rates(objects.optimizer, objects.scheduler,
-                               self._lr_multiplier / state.get("lr_multiplier", 1.0))
-        self.completed_epochs = state["epoch"]
-        self.history.load_state_dict(state["history"])
-        if training:
-            self._precision.load_state_dict(state["scaler"])
-            self._callbacks.load_state_dict(state["callbacks"])
-            self.position = EpochPosition.from_state(state.get("position"))
-            torch.set_rng_state(state["rng"].cpu())
-            if state.get("cuda_rng") is not None and torch.cuda.is_available():
-                for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
-                    torch.cuda.set_rng_state(device_state.cpu(), index)
+        model_state.restore(self, state, training)
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):

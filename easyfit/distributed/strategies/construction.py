@@ -12,7 +12,7 @@ META = "meta"
 ZERO3 = "zero3"
 HOLDS = {META: "its parameters are on the meta device", ZERO3: "each rank holds a DeepSpeed ZeRO-3 partition of it"}
 BUILT_BY = {META: "strategy 'fsdp' / 'fsdp_cpu_offload'", ZERO3: "a DeepSpeed stage 3 strategy"}
-FIT = "_fit_in_process"
+FIT = "fit"
 
 
 def built_sharded(net: torch.nn.Module) -> str | None:
