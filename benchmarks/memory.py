@@ -39,7 +39,7 @@ import torch
 import easyfit
 from easyfit.callbacks import Callback
 from easyfit.distributed.memory import estimate
-from easyfit.distributed.strategies.sharding import local_bytes, rank_memory, stepping_optimizer
+from easyfit.distributed.strategy_parts.sharding import local_bytes, rank_memory, stepping_optimizer
 
 STRATEGIES = ["ddp", "zero", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "deepspeed_stage_1", "deepspeed_stage_2",
               "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"]

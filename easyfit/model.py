@@ -16,7 +16,7 @@ from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategies.construction import check_call, prepare_for_state
+from easyfit.distributed.strategy_parts.construction import check_call, prepare_for_state
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.fault_tolerance import max_restarts_for
 from easyfit.in_process import CALLS, fit_callbacks

@@ -9,8 +9,8 @@ from runner import run_script
 from torch import nn
 
 import easyfit
-from easyfit.distributed.strategies.pipeline_engine import parts
-from easyfit.distributed.strategies.pipeline_split import CheckpointedStage, auto_balance, layers_of
+from easyfit.distributed.strategy_parts.pipeline_engine import parts
+from easyfit.distributed.strategy_parts.pipeline_split import CheckpointedStage, auto_balance, layers_of
 from easyfit.strategies import Pipeline
 
 pytestmark = pytest.mark.timeout(300)
@@ -165,7 +165,7 @@ def test_a_batch_runs_as_equal_micro_batches_plus_one_for_the_rest():
 
 @pytest.mark.parametrize("policy, checkpointed", [("never", 0), ("except_last", 2), ("always", 3)])
 def test_activation_checkpointing_runs_per_micro_batch(monkeypatch, policy, checkpointed):
-    import easyfit.distributed.strategies.pipeline_split as split
+    import easyfit.distributed.strategy_parts.pipeline_split as split
     calls = []
     monkeypatch.setattr(split, "checkpoint", lambda function, *inputs, **options: calls.append(1) or function(*inputs))
     stage = CheckpointedStage(nn.Sequential(nn.Linear(2, 2)), policy)

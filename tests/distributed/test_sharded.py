@@ -214,7 +214,7 @@ def test_fairscale_sharded_spawn_trains_like_plain_pytorch(tmp_path):
 
 # ---------------------------------------------------------------- in this process
 def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch):
-    from easyfit.distributed.strategies.sharding import require
+    from easyfit.distributed.strategy_parts.sharding import require
     monkeypatch.setitem(__import__("sys").modules, "fairscale", None)
     with pytest.raises(ImportError, match=r"strategy 'ddp_sharded' needs the fairscale package.*"
                                           r"pip install easyfit\[fairscale\]"):
@@ -222,7 +222,7 @@ def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch):
 
 
 def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():
-    from easyfit.distributed.strategies.sharding import rebuild_optimizer
+    from easyfit.distributed.strategy_parts.sharding import rebuild_optimizer
     net = make_net()
     optimizer = torch.optim.AdamW([{"params": net[0].parameters(), "lr": 0.5, "weight_decay": 0.1},
                                    {"params": net[2].parameters()}], lr=0.01, betas=(0.8, 0.9))
@@ -259,7 +259,7 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
 
 def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monkeypatch):
     """DeepSpeed's 5e8-element buckets held 4x plain PyTorch's GPU memory on a 33.6 M-parameter net."""
-    from easyfit.distributed.strategies.deepspeed_config import DeepSpeedConfig, bucket_elements
+    from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, bucket_elements
     from easyfit.loop import TrainingSettings
     monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG", raising=False)
     assert bucket_elements(33_600_000) == 1_050_000 and bucket_elements(20_000) == 20_000

@@ -16,7 +16,7 @@ from torch import nn
 
 import easyfit
 from easyfit.distributed.environments import LocalEnvironment
-from easyfit.distributed.strategies.meta_init import (
+from easyfit.distributed.strategy_parts.meta_init import (
     construction_rng,
     initialize,
     materialize,

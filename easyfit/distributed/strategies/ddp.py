@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategies.ddp_comm import CommOptions, configure_communication
+from easyfit.distributed.strategy_parts.ddp_comm import CommOptions, configure_communication
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why

@@ -18,11 +18,11 @@ import os
 import torch
 
 from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
-from easyfit.distributed.strategies import zero_init
-from easyfit.distributed.strategies.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.deepspeed_config import DeepSpeedConfig, read_config
-from easyfit.distributed.strategies.sharding import (
+from easyfit.distributed.strategy_parts import zero_init
+from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
+from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
+from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
     move_scheduler,
     optimizer_params,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharding import constructor_defaults, move_scheduler, regrouped, require
+from easyfit.distributed.strategy_parts.sharding import constructor_defaults, move_scheduler, regrouped, require
 
 
 class ShardedStrategy(DDPStrategy):

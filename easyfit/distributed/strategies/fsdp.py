@@ -17,9 +17,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.distributed.strategies.construction import META, built_sharded
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.meta_init import (
+from easyfit.distributed.strategy_parts.construction import META, built_sharded
+from easyfit.distributed.strategy_parts.meta_init import (
     check_initializable,
     construction_rng,
     materialize,
@@ -27,7 +27,7 @@ from easyfit.distributed.strategies.meta_init import (
     on_meta_device,
     uninitializable,
 )
-from easyfit.distributed.strategies.sharding import (
+from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
     move_scheduler,
     optimizer_params,

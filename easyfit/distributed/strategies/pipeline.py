@@ -18,15 +18,15 @@ from torch.utils.data import DistributedSampler, Sampler
 from easyfit.data import interleave
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.ddp2 import average_gradients
-from easyfit.distributed.strategies.pipeline_engine import IDENTITY, Layout, PipelinedNet
-from easyfit.distributed.strategies.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
-from easyfit.distributed.strategies.pipeline_state import (
+from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
+from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
+from easyfit.distributed.strategy_parts.pipeline_state import (
     full_optimizer_state,
     merge_states,
     stage_optimizer_state,
     stage_part,
 )
-from easyfit.distributed.strategies.sharding import move_scheduler, optimizer_params, rebuild_optimizer
+from easyfit.distributed.strategy_parts.sharding import move_scheduler, optimizer_params, rebuild_optimizer
 from easyfit.precision import Precision
 from easyfit.samplers import EvalSampler
 

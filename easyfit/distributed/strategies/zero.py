@@ -6,7 +6,7 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharding import constructor_defaults, move_scheduler, regrouped
+from easyfit.distributed.strategy_parts.sharding import constructor_defaults, move_scheduler, regrouped
 
 
 class ZeroStrategy(DDPStrategy):

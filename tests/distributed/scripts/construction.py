@@ -29,7 +29,7 @@ from torch import nn
 
 import easyfit
 from easyfit.callbacks import ModelCheckpoint
-from easyfit.distributed.strategies.sharding import local_bytes
+from easyfit.distributed.strategy_parts.sharding import local_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net

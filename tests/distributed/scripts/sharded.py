@@ -26,7 +26,7 @@ import torch
 import easyfit
 from easyfit.callbacks import ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
-from easyfit.distributed.strategies.sharding import rank_memory
+from easyfit.distributed.strategy_parts.sharding import rank_memory
 from easyfit.precision import cpu_supports_fp16
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -98,7 +98,7 @@ def configure_communication(net: DistributedDataParallel, optimizer: torch.optim
     elif options.comm_hook == "bf16":
         net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif options.comm_hook == "powersgd":
-        from easyfit.distributed.strategies.powersgd_state import LaidOutPowerSGD
+        from easyfit.distributed.strategy_parts.powersgd_state import LaidOutPowerSGD
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=options.powersgd_rank,
                                             start_powerSGD_iter=options.powersgd_start_step)
         hook = LaidOutPowerSGD(state, net.module)

@@ -37,7 +37,7 @@ def check_call(net: torch.nn.Module, method: str, trains: str | None) -> None:
     (`trains`, the strategy's `trains_built_sharded`), and evaluated or predicted only once it holds its weights."""
     kind = built_sharded(net)
     if kind == ZERO3 and method == FIT:
-        from easyfit.distributed.strategies.zero_init import held_by_engine
+        from easyfit.distributed.strategy_parts.zero_init import held_by_engine
         if held_by_engine(net):
             raise ValueError("this net is still the module of the DeepSpeed engine of an earlier fit with "
                              "hand_back=False, which keeps it partitioned; it cannot be trained again. Build it "
@@ -57,7 +57,7 @@ def prepare_for_state(net: torch.nn.Module, loading: bool) -> None:
     if kind is None:
         return
     if kind == META and loading:
-        from easyfit.distributed.strategies.meta_init import materialize
+        from easyfit.distributed.strategy_parts.meta_init import materialize
         return materialize(net)
     raise no_weights(kind, "load a state into it outside fit" if loading else "read its state (save, net_state)")
 

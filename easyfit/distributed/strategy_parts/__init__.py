@@ -1,0 +1,10 @@
+"""What the strategies in easyfit.distributed.strategies are built from, one job a module:
+
+- construction, meta_init, zero_init: nets built sharded from the start (module_construction()) and making them
+  plain modules again;
+- sharding: what the sharded strategies share (the optimizer's parameters, rebuilding an optimizer, byte counts);
+- deepspeed_config: the DeepSpeed config derived from fit's arguments and the net;
+- ddp_comm, powersgd_state: DDP's communication hooks and model averaging, and their saved state;
+- pipeline_split, pipeline_engine, pipeline_state: cutting an nn.Sequential into stages, running them under
+  torch's pipeline schedules, and merging / splitting their state.
+"""
