@@ -23,8 +23,10 @@ def progress_callbacks(verbose: int | str, is_global_zero: bool) -> list[Callbac
 
 def redraws_in_place() -> bool:
     """Whether a bar can redraw itself: stdout and stderr are terminals, or the code runs in a notebook."""
-    if "ipykernel" in sys.modules:
-        return True
+    if "ipykernel" in sys.modules and "IPython" in sys.modules:   # imported, and a kernel is running this code
+        shell = sys.modules["IPython"].get_ipython()
+        if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
+            return True
     return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
 
 

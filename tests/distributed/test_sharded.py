@@ -262,19 +262,19 @@ def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monk
     from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, bucket_elements
     from easyfit.loop import TrainingSettings
     monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG", raising=False)
-    assert bucket_elements(33_600_000) == 1_050_000 and bucket_elements(20_000) == 20_000
-    assert bucket_elements(10 ** 11) == 500_000_000
+    assert bucket_elements(33_600_000) == 1_050_624 and bucket_elements(20_000) == 20_480
+    assert bucket_elements(10 ** 11) == 499_999_744 and bucket_elements(12_345) % 1024 == 0   # DeepSpeed's alignment
     stage3 = easyfit.strategies.DeepSpeed(stage=3)
     stage3.configure_training(TrainingSettings())
     zero = stage3.config(num_params=33_600_000)["zero_optimization"]
-    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1_050_000
-    assert zero["stage3_prefetch_bucket_size"] == 1_050_000
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1_050_624
+    assert zero["stage3_prefetch_bucket_size"] == 1_050_624
     assert DeepSpeedConfig.describe(stage3.config(33_600_000)) == \
         "DeepSpeed buckets (elements): reduce_bucket 1.05e+06, allgather_bucket 1.05e+06, prefetch_bucket 1.05e+06"
     given = easyfit.strategies.DeepSpeed(reduce_bucket_size=4e6, config={"zero_optimization": {"overlap_comm": False}})
     given.configure_training(TrainingSettings())
     zero = given.config(num_params=33_600_000)["zero_optimization"]
-    assert zero["reduce_bucket_size"] == 4_000_000 and zero["allgather_bucket_size"] == 1_050_000
+    assert zero["reduce_bucket_size"] == 4_000_000 and zero["allgather_bucket_size"] == 1_050_624
     assert zero["overlap_comm"] is False and "stage3_prefetch_bucket_size" not in zero
 
 

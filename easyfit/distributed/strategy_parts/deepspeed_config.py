@@ -17,14 +17,18 @@ LARGEST_BUCKET = 500_000_000
 SMALLEST_BUCKET = 1_000_000
 #: a bucket holds this share of the parameters trained
 BUCKET_SHARE = 1 / 32
+#: bucket sizes are multiples of this (DeepSpeed needs a multiple of its NCCL alignment)
+BUCKET_ALIGNMENT = 1024
 SIZED_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size")
 
 
 def bucket_elements(num_params: int) -> int:
     """Bucket size for a net of `num_params` trained parameters: 1/32 of them, at least 1e6 (or all of them, if
-    fewer) and at most DeepSpeed's 5e8. Collectives of a few MB already run at full bandwidth, and the buffers
-    DeepSpeed keeps per bucket (several with overlapping communication) stay a small share of the net's memory."""
-    return int(min(max(num_params * BUCKET_SHARE, min(num_params, SMALLEST_BUCKET)), LARGEST_BUCKET))
+    fewer) and at most DeepSpeed's 5e8, in multiples of 1024. Collectives of a few MB already run at
+    full bandwidth, and the buffers DeepSpeed keeps per bucket (several with overlapping communication) stay a small
+    share of the net's memory."""
+    size = -(-max(num_params * BUCKET_SHARE, min(num_params, SMALLEST_BUCKET)) // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT
+    return int(min(size, LARGEST_BUCKET // BUCKET_ALIGNMENT * BUCKET_ALIGNMENT))
 
 
 def merge(defaults: dict, user: dict) -> dict:
