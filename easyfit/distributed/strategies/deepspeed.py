@@ -22,6 +22,7 @@ from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
+from easyfit.distributed.strategy_parts.deepspeed_state import FullState
 from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
     move_scheduler,
@@ -97,9 +98,8 @@ class DeepSpeedStrategy(DDPStrategy):
         self.engine = self._optimizer = self._scheduler = self._user_net = self._eval_net = None
         self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
         self._accumulating = False
-        self._params: list[torch.nn.Parameter] = []
         self._names: list[str] = []
-        self._group_sizes: list[int] = []
+        self.full_state: FullState | None = None   # the engine's state in full, plain form (setup makes it)
 
     # --- configuration --------------------------------------------------------------
     def configure_training(self, settings) -> None:
@@ -181,8 +181,9 @@ class DeepSpeedStrategy(DDPStrategy):
         if low is not None:
             cast_inputs(engine.module, low)
         self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net
-        self._params, self._names = [own[name] for name in names], names
-        self._group_sizes = [len(group["params"]) for group in optimizer.param_groups]
+        self._names = names
+        self.full_state = FullState(engine, [own[name] for name in names],
+                                    [len(group["params"]) for group in optimizer.param_groups], self)
         if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
             self.load_optimizer_state(stepping, optimizer.state_dict())
         move_scheduler(scheduler, stepping)
@@ -193,7 +194,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self._eval_net = None   # validation's copy
         if not self.gather_at_end:
             return
-        full, full_optimizer = self._full_module_state(), self._full_optimizer_state(optimizer)
+        full, full_optimizer = self.full_state.module_state(), self.full_state.optimizer_state(optimizer)
         if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
             self._release_built_net(user_net, user_optimizer, full)
         else:
@@ -224,13 +225,13 @@ class DeepSpeedStrategy(DDPStrategy):
         if net is not self.engine:
             return super().module_for_eval(net)
         if self._layout is None:
-            self._user_net.load_state_dict(self._full_module_state())
+            self._user_net.load_state_dict(self.full_state.module_state())
             return self._user_net
         if self._eval_net is None:
-            self._eval_net = zero_init.plain_copy(self._user_net, self._layout, self._full_module_state(),
+            self._eval_net = zero_init.plain_copy(self._user_net, self._layout, self.full_state.module_state(),
                                                   self.root_device)
         else:
-            self._eval_net.load_state_dict(self._full_module_state())
+            self._eval_net.load_state_dict(self.full_state.module_state())
         return self._eval_net
 
     # --- the step -------------------------------------------------------------------
@@ -258,114 +259,27 @@ class DeepSpeedStrategy(DDPStrategy):
         """The engine zeroes gradients after each of its steps."""
 
     # --- state ----------------------------------------------------------------------
-    def _full_module_state(self) -> dict:
-        """The net's state dict with the full fp32 parameters (a collective)."""
-        from deepspeed.utils import safe_get_full_fp32_param
-        module = self.engine.module
-        state = {}
-        for key, value in module.state_dict(keep_vars=True).items():
-            full = safe_get_full_fp32_param(value) if isinstance(value, torch.nn.Parameter) else None
-            state[key] = (full if full is not None else value).detach().to("cpu", copy=True)
-        return state
-
     def module_state(self, net: torch.nn.Module) -> dict:
         if net is not self.engine:
             return super().module_state(net)
-        return {} if self.state_dict_type == "sharded" else self._full_module_state()
+        return {} if self.state_dict_type == "sharded" else self.full_state.module_state()
 
     def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
         if net is not self.engine:
             return super().load_module_state(net, state)
-        if not state:   # a sharded checkpoint: the engine loaded its partitions itself
-            return
-        import deepspeed
-        module = self.engine.module
-        params = dict(module.named_parameters())
-        for name, param in params.items():
-            self._set_full(param, state[name])
-        with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):   # ZeRO-3: re-partitioned
-            own = module.state_dict(keep_vars=True)
-            with torch.no_grad():
-                for key, value in state.items():
-                    own[key].copy_(value)
-
-    def _full_optimizer_state(self, optimizer) -> dict:
-        """The optimizer state in the plain optimizer's format, full tensors on every rank (a collective)."""
-        from deepspeed.utils import safe_get_full_optimizer_state
-        flat_state = next(iter(optimizer.state.values()), {})
-        entries = {}
-        if flat_state:
-            for index, param in enumerate(self._params):
-                entries[index] = {key: (safe_get_full_optimizer_state(param, key).detach().cpu()
-                                        if _is_partitioned(value) else _copy(value))
-                                  for key, value in flat_state.items()}
-        return {"state": entries, "param_groups": self._plain_groups(optimizer)}
-
-    def _plain_groups(self, optimizer) -> list[dict]:
-        """The param groups as the user's optimizer has them: hyper-parameters and parameter positions."""
-        groups, start = [], 0
-        for group, size in zip(optimizer.param_groups, self._group_sizes):
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start,
-                                                                                                    start + size))})
-            start += size
-        return groups
+        if state:   # else a sharded checkpoint: the engine loaded its partitions itself
+            self.full_state.load_module_state(state)
 
     def optimizer_state(self, optimizer) -> dict:
         if optimizer is not self._optimizer:
             return super().optimizer_state(optimizer)
-        return {} if self.state_dict_type == "sharded" else self._full_optimizer_state(optimizer)
+        return {} if self.state_dict_type == "sharded" else self.full_state.optimizer_state(optimizer)
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
         if optimizer is not self._optimizer:
             return super().load_optimizer_state(optimizer, state)
-        if not state:   # a sharded checkpoint: the engine loaded its partitions itself
-            return
-        for group, saved in zip(optimizer.param_groups, state["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-        if not state["state"]:
-            return
-        template = state["state"][next(iter(state["state"]))]
-        for flat in self._flat_partitions(optimizer):
-            if not optimizer.state.get(flat):   # before the first step: create the entries, then fill them in
-                optimizer.state[flat] = {key: torch.zeros_like(flat) if _is_partitioned(value) else _copy(value)
-                                         for key, value in template.items()}
-        self._relink()
-        for index, param in enumerate(self._params):
-            for key, value in state["state"][index].items():
-                if _is_partitioned(value):
-                    self._set_full(param, value, key)
-                else:
-                    for flat_state in optimizer.state.values():
-                        flat_state[key] = _copy(value)
-
-    def _set_full(self, param: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
-        """Set the fp32 master copy (key None) or an optimizer state of `param` from its full value. A ZeRO-3
-        partition is cut here: DeepSpeed's own full setter misreads the zero padding of the last partition."""
-        from deepspeed import utils
-        value = value.to(self.root_device, torch.float32)
-        if not hasattr(param, "ds_id"):
-            return utils.safe_set_full_fp32_param(param, value) if key is None \
-                else utils.safe_set_full_optimizer_state(param, value, key)
-        size = param.ds_tensor.numel()
-        padded = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
-        padded[:value.numel()] = value.flatten()
-        local = padded[size * self.global_rank:size * (self.global_rank + 1)]
-        return utils.safe_set_local_fp32_param(param, local) if key is None \
-            else utils.safe_set_local_optimizer_state(param, local, key)
-
-    def _flat_partitions(self, optimizer) -> list[torch.Tensor]:
-        """The flat fp32 partitions of this rank that the stepping optimizer keeps its state for."""
-        zero = self.engine.optimizer
-        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
-            if getattr(zero, name, None) is not None:
-                return list(getattr(zero, name))
-        return optimizer_params(optimizer)
-
-    def _relink(self) -> None:
-        """Point the parameters' fragment maps at optimizer state entries created after the engine was built."""
-        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:
-            link()
+        if state:   # else a sharded checkpoint: the engine loaded its partitions itself
+            self.full_state.load_optimizer_state(optimizer, state)
 
     # --- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, path: str, state: dict) -> None:
@@ -375,7 +289,7 @@ class DeepSpeedStrategy(DDPStrategy):
             return super().save_checkpoint(path, state)
         rest = without_weights(state)
         # what easyfit.checkpoint_convert needs to write the optimizer state in the plain optimizer's form
-        rest.update(param_names=self._names, param_groups=self._plain_groups(self._optimizer))
+        rest.update(param_names=self._names, param_groups=self.full_state.plain_groups(self._optimizer))
         self.engine.save_checkpoint(path, tag="checkpoint",
                                     client_state={CLIENT_STATE_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
 
@@ -390,10 +304,3 @@ class DeepSpeedStrategy(DDPStrategy):
                 if key not in ("param_names", "param_groups")}
         return {**rest, "net": {}, "optimizer": {}}
 
-
-def _is_partitioned(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() > 0
-
-
-def _copy(value):
-    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)

@@ -117,8 +117,7 @@ def main() -> None:
 def lockstep(strategy, call) -> dict:
     gathered = []
     kept = easyfit.launch(strategy=type(strategy)(**options_of(strategy), hand_back=False), **call)
-    full_state = kept._full_module_state
-    kept._full_module_state = lambda *net: gathered.append(net) or full_state(*net)
+    count_full_state_reads(kept, gathered)
     x, y = make_data()
     losses = {}
     for size in (5, 1):
@@ -127,6 +126,17 @@ def lockstep(strategy, call) -> dict:
                         validation_batch_size=2)
             losses[name, size] = model.history.history["val_loss"]
     return {"gathers": len(gathered), "val_loss": losses}
+
+
+def count_full_state_reads(strategy, reads: list) -> None:
+    """Record each read of `strategy`'s full module state: FSDP's own, or DeepSpeed's through its FullState."""
+    if not hasattr(strategy, "stage"):
+        read = strategy._full_module_state
+        strategy._full_module_state = lambda *net: reads.append(net) or read(*net)
+        return
+    from easyfit.distributed.strategy_parts.deepspeed_state import FullState
+    read = FullState.module_state
+    FullState.module_state = lambda state: (state.ranks is strategy and reads.append(state)) or read(state)
 
 
 def is_plain(net: nn.Module) -> bool:
