@@ -42,3 +42,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_rendezvous_left(monkeypatch):
+    """Each test's ranks meet where they choose: a rendezvous an earlier test left in this process's environment
+    (MASTER_ADDR / MASTER_PORT, inherited by every script a test starts) is removed for the test."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)

@@ -1,7 +1,25 @@
 """The launcher interface: how the ranks of a call come to exist."""
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any, Callable
+
+
+@contextlib.contextmanager
+def variables_set(values: dict[str, str]) -> Iterator[None]:
+    """The environment with `values` set inside the block, and each variable as it was (or unset) after it."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Launcher:

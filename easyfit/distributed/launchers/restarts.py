@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Callable
 
 from easyfit.distributed.environments import GIVEN_PORT, RESTART_COUNT_VARIABLE, find_free_port
-from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import RankFailedError
 from easyfit.fault_tolerance import RUN_ID_VARIABLE
 
@@ -35,9 +35,8 @@ class RestartingLauncher(Launcher):
         self.rank_zero_in_caller = launcher.rank_zero_in_caller
 
     def launch(self, function: Callable, *args, **kwargs) -> Any:
-        saved = {name: os.environ.get(name) for name in (RUN_ID_VARIABLE, RESTART_COUNT_VARIABLE)}
-        os.environ[RUN_ID_VARIABLE] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        try:
+        run_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        with variables_set({RUN_ID_VARIABLE: run_id, RESTART_COUNT_VARIABLE: "0"}):
             for restart in range(self.max_restarts + 1):
                 os.environ[RESTART_COUNT_VARIABLE] = str(restart)
                 try:
@@ -50,12 +49,6 @@ class RestartingLauncher(Launcher):
                           f"restarting every rank (restart {restart + 1} of {self.max_restarts})",
                           file=sys.stderr, flush=True)
                     self._prepare_restart()
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     def _prepare_restart(self) -> None:
         """A new attempt: no process group or store left in this process, and a new port unless the user gave one

@@ -14,7 +14,7 @@ import torch
 from torch.multiprocessing.spawn import ProcessException
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import (
     RankFailedError,
     exchange_directory,
@@ -40,8 +40,6 @@ class ProcessLauncher(Launcher):
     def launch(self, function: Callable, *args, **kwargs) -> Any:
         if self.start_method == "fork":
             _check_fork_allowed()
-        os.environ["MASTER_ADDR"] = self.strategy.environment.main_address
-        os.environ["MASTER_PORT"] = str(self.strategy.environment.main_port)
         work = (self.strategy, function, args, kwargs)
         if self.start_method == "spawn":
             # plain pickling gives each rank its own copy: torch's process pickler would put the net's tensors in
@@ -53,9 +51,12 @@ class ProcessLauncher(Launcher):
                 raise
         exchange_dir = exchange_directory("spawn")
         try:
-            processes = torch.multiprocessing.start_processes(
-                _run_rank, args=(work, exchange_dir),
-                nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
+            environment = self.strategy.environment
+            # the ranks' rendezvous; the caller's own environment (and the processes it starts later) keeps none
+            with variables_set({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port)}):
+                processes = torch.multiprocessing.start_processes(
+                    _run_rank, args=(work, exchange_dir),
+                    nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
             try:
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
                     pass

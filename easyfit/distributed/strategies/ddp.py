@@ -160,9 +160,12 @@ class ParallelStrategy(Strategy):
                 raise RuntimeError(f"a process group of {dist.get_world_size()} processes already exists, but this "
                                    f"call needs {self.world_size}; use the same devices and num_nodes throughout")
             return
-        os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
-        os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
-        store = attempt_store(self.environment, self.world_size, self.global_rank, self.timeout)
+        if self.world_size == 1:   # one process meets no one: no port is taken, none is left in the environment
+            store = dist.HashStore()
+        else:
+            os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
+            os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
+            store = attempt_store(self.environment, self.world_size, self.global_rank, self.timeout)
         with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
             dist.init_process_group(self.process_group_backend, store=store, rank=self.global_rank,
                                     world_size=self.world_size, timeout=self.timeout)
