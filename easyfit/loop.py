@@ -279,6 +279,7 @@ class Loop:
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = self._loss_tracker()
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, self.loss_fn, None)
         with _eval_mode(net):
             callbacks.call("on_test_begin", None)
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
@@ -289,11 +290,10 @@ class Loop:
                 if batch_begin:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
-                first_step = getattr(batches, "first_step", None)
-                run = _runner(forward_loss, self.loss_fn, first_step)
+                run = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
                 output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
-                if first_step is not None:
-                    batches.first_step = None
+                if first_step is not None:   # the checks of the first batch ran in its real step
+                    first_step = batches.first_step = None
                 size = batch_length(target)
                 tracker.add(loss.detach(), size)
                 if metrics and output is not None:
@@ -315,16 +315,16 @@ class Loop:
         """This process's outputs, batch by batch, moved to the CPU."""
         net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward, None, None)
         with _eval_mode(net):
             callbacks.call("on_predict_begin", None)
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
-                first_step = getattr(batches, "first_step", None)
-                output = self.strategy.evaluation_step(net, inputs, None, _runner(forward, None, first_step),
-                                                       precision)[0]
+                run = plain if first_step is None else _runner(forward, None, first_step)
+                output = self.strategy.evaluation_step(net, inputs, None, run, precision)[0]
                 if first_step is not None:
-                    batches.first_step = None
+                    first_step = batches.first_step = None
                 if output is not None:   # None: this rank holds no outputs (see evaluation_step)
                     outputs.append(_to_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
