@@ -66,11 +66,12 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)'."""
     factor = strategy.batch_factor
     text = f"effective batch {batch_size * factor} = {batch_size} × {factor} {strategy.describe_batch_factor()}"
-    for note in (getattr(strategy, "selection_note", None), getattr(strategy, "auto_reason", None)):
+    for note in (strategy.selection_note, strategy.auto_reason):
         if note:
             text = f"{note}; {text}"
-    if strategy.describe_setup():
-        text = f"{text}; {strategy.describe_setup()}"
+    setup = strategy.describe_setup()
+    if setup:
+        text = f"{text}; {setup}"
     lrs = [group["lr"] for group in optimizer.param_groups]
     if multiplier == 1.0:
         return f"{text}; lr {describe_lrs(lrs)} (not scaled)"
