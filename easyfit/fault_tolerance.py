@@ -18,8 +18,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-import torch
-
 from easyfit import slurm_requeue
 from easyfit.callbacks.base import Callback
 from easyfit.distributed.environments import RESTART_COUNT_VARIABLE, START_DIRECTORY
@@ -157,10 +155,7 @@ def save(model, path: str) -> None:
     state = {**model.checkpoint_state(), WORLD_KEY: {"world_size": strategy.world_size,
                                                      "batch_factor": strategy.batch_factor}}
     if state["position"] is not None and strategy.world_size > 1:   # the interrupted epoch's loss, over all ranks
-        total, count = model.position.tracker.totals()
-        summed = strategy.reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])
-                                 .to(strategy.root_device), "sum")
-        state["position"] = {**state["position"], "loss": (float(summed[0]), int(summed[1]))}
+        state["position"] = {**state["position"], "loss": model.position.tracker.global_totals(strategy)}
     partial = f"{path}.partial"
     strategy.save_checkpoint(partial, state)
     if strategy.is_global_zero:

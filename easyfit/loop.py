@@ -72,13 +72,19 @@ class LossTracker:
         total, count = self.totals()
         return float(total) / max(count, 1)
 
-    def global_mean(self, strategy) -> float:
-        """The mean over every sample seen by every process."""
+    def global_totals(self, strategy) -> tuple[float, int]:
+        """(loss sum, sample count) over every process: one collective on `strategy.root_device`, whatever device
+        the losses were computed on, and one read back to the host for both numbers."""
         total, count = self.totals()
         device = strategy.root_device
         count = torch.tensor(float(count), dtype=torch.float64, device=device)
         summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
-        if not seen:   # one read back to the host for both numbers: a device sync, once per epoch
+        return summed, int(seen)
+
+    def global_mean(self, strategy) -> float:
+        """The mean over every sample seen by every process."""
+        summed, seen = self.global_totals(strategy)
+        if not seen:
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
         return summed / seen
 

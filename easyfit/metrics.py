@@ -189,9 +189,11 @@ class MetricSet:
         if self.task_shared:
             return
         task = self.task
+        device = strategy.root_device
         encoded = (torch.tensor([[TASKS.index(task.name), task.classes, OUTPUTS.index(task.outputs),
-                                  task.one_hot_targets]]) if task else torch.empty(0, 4))
-        known = [part for part in strategy.all_gather(encoded.long().to(strategy.root_device)) if len(part)]
+                                  task.one_hot_targets]], dtype=torch.long, device=device) if task
+                   else torch.empty(0, 4, dtype=torch.long, device=device))
+        known = [part for part in strategy.all_gather(encoded) if len(part)]
         if self.pending and known:
             name, classes, outputs, one_hot = known[0][0].tolist()
             self._build(Task(TASKS[name], classes, OUTPUTS[outputs], bool(one_hot)), strategy.root_device)
