@@ -23,6 +23,13 @@ beside the whole net's and its share (each stage must hold at most its share + 1
 On one CUDA GPU: the peak GPU memory (torch.cuda.max_memory_allocated) of one epoch of the MLP
 2048-4096-4096-2048-10 (33.6 M parameters) with Adam, batch 256, devices=1, each strategy in a fresh process, beside
 a hand-written CUDA loop's, with the bars each strategy must stay under (ratios to the hand-written loop).
+
+    python benchmarks/memory.py --cpu-allocated [--strategies ...]
+
+The same on the CPU with accelerator="cpu": the peak of the bytes torch allocates from the start of the fit, from
+the allocations and frees the profiler records. The net is built before, so its own weights count for none of the
+lines (on a GPU they count where they move there: the hand-written loop and the strategies that train the net in
+place); a sharding backend's copy of them, and the buffers it allocates on its device, count as they would on a GPU.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import sys
 import time
 
 import torch
+from torch._C._autograd import DeviceType
 
 import easyfit
 from easyfit.callbacks import Callback
@@ -109,55 +117,96 @@ def available(strategy: str) -> bool:
     return package is None or importlib.util.find_spec(package) is not None
 
 
-CUDA_STRATEGIES = ["single", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3",
-                   "deepspeed_stage_2_offload", "deepspeed_stage_3_offload", "fsdp", "fsdp_cpu_offload", "zero",
-                   "ddp_sharded"]
+ONE_DEVICE_STRATEGIES = ["single", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3",
+                         "deepspeed_stage_2_offload", "deepspeed_stage_3_offload", "fsdp", "fsdp_cpu_offload", "zero",
+                         "ddp_sharded"]
 #: the most peak GPU memory each may hold, as a ratio to the hand-written loop's
 CUDA_BARS = {"deepspeed_stage_1": 1.25, "deepspeed_stage_2": 1.25, "deepspeed_stage_3": 1.5,
              "deepspeed_stage_2_offload": 0.75, "deepspeed_stage_3_offload": 0.75, "fsdp_cpu_offload": 0.65}
-CUDA_SAMPLES, CUDA_BATCH = 2560, 256
+ONE_DEVICE_SAMPLES, ONE_DEVICE_BATCH = 2560, 256
 
 
-def cuda_peak(strategy: str) -> float:
-    """Peak GPU bytes of one epoch under `strategy` ("plain": a hand-written loop), in this process."""
+class PeakAllocated:
+    """Peak bytes torch allocates on `device` inside the block: CUDA's allocator statistics, or on the CPU the
+    allocations and frees the profiler records (the CPU allocator keeps no statistics)."""
+
+    def __init__(self, device: str):
+        self.device, self.bytes, self.profile = device, 0.0, None
+
+    def __enter__(self):
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                  profile_memory=True)
+            self.profile.__enter__()
+        return self
+
+    def __exit__(self, *error):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.bytes = float(torch.cuda.max_memory_allocated())
+            return
+        self.profile.__exit__(*error)
+        changes = sorted((event.start_ns(), event.nbytes()) for event in self.profile.profiler.kineto_results.events()
+                         if event.device_type() == DeviceType.CPU and _is_memory(event))
+        level = 0
+        for _, change in changes:
+            level += change
+            self.bytes = max(self.bytes, float(level))
+
+
+def _is_memory(event) -> bool:
+    try:
+        return event.name() == "[memory]"
+    except UnicodeDecodeError:   # the profiler may record a Python frame whose name it cannot decode
+        return False
+
+
+def one_device_peak(strategy: str, device: str) -> float:
+    """Peak bytes on `device` of one epoch under `strategy` ("plain": a hand-written loop), in this process."""
     torch.manual_seed(0)
-    x, y = torch.randn(CUDA_SAMPLES, 2048), torch.randint(0, 10, (CUDA_SAMPLES,))
+    x, y = torch.randn(ONE_DEVICE_SAMPLES, 2048), torch.randint(0, 10, (ONE_DEVICE_SAMPLES,))
     sizes = [2048, 4096, 4096, 2048, 10]
     layers = [layer for i in range(4) for layer in (torch.nn.Linear(sizes[i], sizes[i + 1]), torch.nn.ReLU())]
     net = torch.nn.Sequential(*layers[:-1])
-    torch.cuda.reset_peak_memory_stats()
-    if strategy == "plain":
-        net.cuda()
-        optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
-        for start in range(0, CUDA_SAMPLES, CUDA_BATCH):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(net(x[start:start + CUDA_BATCH].cuda()),
-                                              y[start:start + CUDA_BATCH].cuda()).backward()
-            optimizer.step()
-    else:
-        backend = easyfit.strategies.DDP(process_group_backend="nccl") if strategy == "ddp" else strategy
-        model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=1e-4))
-        model.fit(x, y, batch_size=CUDA_BATCH, epochs=1, verbose=0, accelerator="gpu", devices=1, strategy=backend)
-    torch.cuda.synchronize()
-    return float(torch.cuda.max_memory_allocated())
+    with PeakAllocated(device) as peak:
+        if strategy == "plain":
+            net.to(device)
+            optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+            for start in range(0, ONE_DEVICE_SAMPLES, ONE_DEVICE_BATCH):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(net(x[start:start + ONE_DEVICE_BATCH].to(device)),
+                                                  y[start:start + ONE_DEVICE_BATCH].to(device)).backward()
+                optimizer.step()
+        else:
+            backend = easyfit.strategies.DDP(process_group_backend="nccl") \
+                if strategy == "ddp" and device == "cuda" else strategy
+            model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=1e-4))
+            model.fit(x, y, batch_size=ONE_DEVICE_BATCH, epochs=1, verbose=0, accelerator=device, devices=1,
+                      strategy=backend)
+    return peak.bytes
 
 
-def cuda_main(strategies: list[str]) -> None:
+def one_device_main(strategies: list[str], device: str) -> None:
     """Each strategy in a fresh interpreter (a backend's buffers and caches must not count for the next)."""
     def measured(name: str) -> float:
-        done = subprocess.run([sys.executable, __file__, "--cuda-one", name], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, __file__, "--one", name, "--device", device], capture_output=True,
+                              text=True)
         if done.returncode:
             print(f"{name}: failed\n{done.stderr[-3000:]}")
             return float("nan")
         return json.loads(done.stdout.strip().splitlines()[-1])["peak"]
     plain = measured("plain")
-    print(f"{torch.cuda.get_device_name()}; peak GPU memory of one epoch, 33.6 M-parameter MLP, Adam, batch 256")
+    where = torch.cuda.get_device_name() if device == "cuda" else \
+        "CPU (bytes allocated from the start of the fit: the net's own weights are not counted; the bars are for a GPU)"
+    print(f"{where}; peak {device} memory of one epoch, 33.6 M-parameter MLP, Adam, batch 256")
     print(f"{'plain (hand-written loop)':28s} {plain / 1e6:9.0f} MB  1.00x")
     for name in strategies:
         if not available(name):
             continue
         peak = measured(name)
-        bar = CUDA_BARS.get(name)
+        bar = CUDA_BARS.get(name) if device == "cuda" else None
         verdict = "" if bar is None else f"  (bar {bar:.2f}x: {'ok' if peak / plain <= bar else 'OVER'})"
         print(f"{name:28s} {peak / 1e6:9.0f} MB  {peak / plain:4.2f}x{verdict}")
 
@@ -184,14 +233,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--strategies", default=None)
     parser.add_argument("--cuda", action="store_true", help="peak memory on one CUDA GPU against plain PyTorch")
-    parser.add_argument("--cuda-one", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-allocated", action="store_true",
+                        help="the same on the CPU, devices=1: the bytes torch allocates, as the profiler records them")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     parser.add_argument("--pipeline", action="store_true", help="each pipeline stage's bytes against the whole net")
     args = parser.parse_args()
-    if args.cuda_one:
-        print(json.dumps({"peak": cuda_peak(args.cuda_one)}))
+    if args.one:
+        print(json.dumps({"peak": one_device_peak(args.one, args.device)}))
         return
-    if args.cuda:
-        cuda_main((args.strategies or ",".join(CUDA_STRATEGIES)).split(","))
+    if args.cuda or args.cpu_allocated:
+        strategies = (args.strategies or ",".join(ONE_DEVICE_STRATEGIES)).split(",")
+        one_device_main(strategies, "cuda" if args.cuda else "cpu")
         return
     torch.set_num_threads(1)
     if args.pipeline:

@@ -47,11 +47,15 @@ def backend(name: str):
     return easyfit.strategies.DDP(process_group_backend="nccl") if name == "ddp" else name
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_on_one_gpu_trains_what_plain_cuda_pytorch_trains(strategy):
+def skip_without_its_package(strategy: str) -> None:
     package = next((package for prefix, package in NEEDS.items() if strategy.startswith(prefix)), None)
     if package is not None and importlib.util.find_spec(package) is None:
         pytest.skip(f"{strategy} needs {package}, which is not installed")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_one_gpu_trains_what_plain_cuda_pytorch_trains(strategy):
+    skip_without_its_package(strategy)
     x, y = data()
     net = make_net()
     expected = plain_cuda(net, x, y)
@@ -67,3 +71,35 @@ def test_every_strategy_on_one_gpu_trains_what_plain_cuda_pytorch_trains(strateg
     scores = model.evaluate(x, y, verbose=0, return_dict=True, accelerator="gpu", devices=1,
                             strategy=backend(strategy))
     assert scores["loss"] == pytest.approx(history.history["loss"][-1], abs=0.5)
+
+
+class WhereTheNetWaits(easyfit.callbacks.Callback):
+    """The devices the user's net's parameters are on during training and validation."""
+
+    def __init__(self, user_net: torch.nn.Module):
+        super().__init__()
+        self.user_net, self.devices = user_net, set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.devices |= {parameter.device.type for parameter in self.user_net.parameters()}
+
+    on_test_batch_end = on_train_batch_end
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "deepspeed_stage_3", "deepspeed_stage_2_offload", "fsdp",
+                                      "fsdp_cpu_offload"])
+def test_a_sharding_backend_trains_a_copy_while_the_users_net_waits_on_the_host(strategy):
+    """The GPU holds one set of weights, the trained copy's; the user's net gets the trained weights back on the
+    GPU at the end."""
+    skip_without_its_package(strategy)
+    x, y = data()
+    net = make_net()
+    expected = plain_cuda(net, x, y)
+    waits = WhereTheNetWaits(net)
+    model = easyfit.Model(net, "cross_entropy", "adam", lr=1e-3)
+    model.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0, accelerator="gpu", devices=1,
+              strategy=strategy, validation_data=(x[:64], y[:64]), callbacks=[waits])
+    assert waits.devices == {"cpu"}
+    assert all(parameter.is_cuda for parameter in net.parameters())
+    difference = max((value.cpu() - expected[name]).abs().max().item() for name, value in net.state_dict().items())
+    assert difference <= 1e-5

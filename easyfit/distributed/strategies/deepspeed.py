@@ -12,7 +12,6 @@ and the engine trains the user's net itself (zero_init makes it a plain module a
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 
 import torch
@@ -24,10 +23,13 @@ from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
 from easyfit.distributed.strategy_parts.deepspeed_state import FullState
 from easyfit.distributed.strategy_parts.sharding import (
+    copy_to_train,
     directory_outside_fit,
+    hand_back_weights,
     move_scheduler,
     optimizer_params,
     param_names,
+    plain_on_device,
     rebuild_optimizer,
     require,
     without_weights,
@@ -95,7 +97,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.name = "deepspeed"
         self.settings = None
         self._sizing_note: str | None = None
-        self.engine = self._optimizer = self._scheduler = self._user_net = self._eval_net = None
+        self.engine = self._optimizer = self._scheduler = self._user_net = None
         self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
         self._accumulating = False
         self._names: list[str] = []
@@ -161,10 +163,8 @@ class DeepSpeedStrategy(DDPStrategy):
         config = self.config(num_params)
         self._sizing_note = DeepSpeedConfig.describe(config)
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
-        if not built:
-            net.to(self.root_device)
-        trained = net if built else copy.deepcopy(net)
-        self._layout, self._eval_net = (zero_init.layout(net) if built else None), None
+        trained = net if built else copy_to_train(net, self.root_device)
+        self._layout = zero_init.layout(net) if built else None
         names = param_names(net, optimizer)
         own = dict(trained.named_parameters())
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -191,14 +191,13 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         move_scheduler(self._scheduler, user_optimizer)
-        self._eval_net = None   # validation's copy
         if not self.gather_at_end:
             return
         full, full_optimizer = self.full_state.module_state(), self.full_state.optimizer_state(optimizer)
         if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
             self._release_built_net(user_net, user_optimizer, full)
         else:
-            user_net.load_state_dict(full)
+            hand_back_weights(user_net, full, self.root_device)
         user_optimizer.load_state_dict(full_optimizer)
 
     def _release_built_net(self, user_net, user_optimizer, full: dict) -> None:
@@ -216,23 +215,18 @@ class DeepSpeedStrategy(DDPStrategy):
         return net is self.engine and self.stage == 3 and not self.gather_at_end
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
-        evaluation batches, and a ZeRO-3 forward would wait for the others at every layer. A net built under
-        module_construction() is the engine's own: a plain copy of it runs instead. Stage 3 with hand_back=False
-        runs the engine itself (`forward_in_lockstep`)."""
+        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
+        ranks may get different numbers of evaluation batches, and a ZeRO-3 forward would wait for the others at
+        every layer. (A net built under module_construction() is the engine's own: the copy is made from it.)
+        Stage 3 with hand_back=False runs the engine itself (`forward_in_lockstep`)."""
         if self.forward_in_lockstep(net):
             return net
         if net is not self.engine:
             return super().module_for_eval(net)
+        full = self.full_state.module_state()
         if self._layout is None:
-            self._user_net.load_state_dict(self.full_state.module_state())
-            return self._user_net
-        if self._eval_net is None:
-            self._eval_net = zero_init.plain_copy(self._user_net, self._layout, self.full_state.module_state(),
-                                                  self.root_device)
-        else:
-            self._eval_net.load_state_dict(self.full_state.module_state())
-        return self._eval_net
+            return plain_on_device(self._user_net, full, self.root_device)
+        return zero_init.plain_copy(self._user_net, self._layout, full, self.root_device)
 
     # --- the step -------------------------------------------------------------------
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:

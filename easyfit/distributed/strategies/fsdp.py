@@ -28,10 +28,13 @@ from easyfit.distributed.strategy_parts.meta_init import (
     uninitializable,
 )
 from easyfit.distributed.strategy_parts.sharding import (
+    copy_to_train,
     directory_outside_fit,
+    hand_back_weights,
     move_scheduler,
     optimizer_params,
     param_names,
+    plain_on_device,
     rebuild_optimizer,
     without_weights,
 )
@@ -99,7 +102,7 @@ class FSDPStrategy(DDPStrategy):
         self.cpu_offload, self.state_dict_type, self.gather_at_end = cpu_offload, state_dict_type, hand_back
         self.name = "fsdp_cpu_offload" if cpu_offload else "fsdp"
         self._precision_name = "32"
-        self._scheduler = self._user_net = self._sharded = self._optimizer = self._eval_net = None
+        self._scheduler = self._user_net = self._sharded = self._optimizer = None
         self._names: list[str] = []
 
     # --- precision ------------------------------------------------------------------
@@ -131,9 +134,7 @@ class FSDPStrategy(DDPStrategy):
         on_meta = built_sharded(net) == META
         if on_meta:
             check_initializable(uninitializable(net))
-        else:
-            net.to(self.root_device)
-        sharded = copy.deepcopy(net)
+        sharded = copy.deepcopy(net) if on_meta else copy_to_train(net, self.root_device)
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
         if self.cpu_offload:
@@ -152,17 +153,17 @@ class FSDPStrategy(DDPStrategy):
             self.load_optimizer_state(rebuilt, optimizer.state_dict())
         move_scheduler(scheduler, rebuilt)
         self._scheduler, self._user_net, self._sharded, self._optimizer = scheduler, net, sharded, rebuilt
-        self._eval_net = None
         self._names = param_names(net, optimizer)
         return sharded, rebuilt, scheduler
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         move_scheduler(self._scheduler, user_optimizer)
-        self._eval_net = None
         if self.gather_at_end:
             if built_sharded(user_net) == META:   # built under module_construction(): materialized on the CPU
                 materialize(user_net)
-            user_net.load_state_dict(self._full_module_state(net))
+                user_net.load_state_dict(self._full_module_state(net))
+            else:
+                hand_back_weights(user_net, self._full_module_state(net), self.root_device)
             user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
 
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
@@ -171,22 +172,19 @@ class FSDPStrategy(DDPStrategy):
         return isinstance(net, FSDPModule) and not self.gather_at_end
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """Validation inside fit runs the user's net with the gathered weights: ranks may get different numbers of
-        evaluation batches, and a sharded forward would wait for the others at every layer. A net built on the meta
-        device stays there until the fit hands the weights back: a materialized copy of it runs instead. With
-        hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
+        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
+        ranks may get different numbers of evaluation batches, and a sharded forward would wait for the others at
+        every layer. (A net built on the meta device stays there until the fit hands the weights back: the copy is
+        materialized.) With hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
         if self.forward_in_lockstep(net):
             return net
-        if isinstance(net, FSDPModule):
-            if self._eval_net is None:
-                self._eval_net = self._user_net
-                if built_sharded(self._user_net) == META:
-                    self._eval_net = copy.deepcopy(self._user_net)
-                    materialize(self._eval_net)
-                    self._eval_net.to(self.root_device)
-            self._eval_net.load_state_dict(self._full_module_state(net))
-            return self._eval_net
-        return super().module_for_eval(net)
+        if not isinstance(net, FSDPModule):
+            return super().module_for_eval(net)
+        source = self._user_net
+        if built_sharded(source) == META:
+            source = copy.deepcopy(source)
+            materialize(source)
+        return plain_on_device(source, self._full_module_state(net), self.root_device)
 
     # --- state ----------------------------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:

@@ -1,7 +1,9 @@
-"""What the memory-sharded strategies share: the user's optimizer rebuilt over new parameters, the scheduler moved
-onto it, optional packages imported on demand, and the bytes each rank holds."""
+"""What the memory-sharded strategies share: the copy of the user's net they train (the user's net waits on the
+host meanwhile), the user's optimizer rebuilt over new parameters, the scheduler moved onto it, optional packages
+imported on demand, and the bytes each rank holds."""
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 from collections.abc import Callable
@@ -17,6 +19,31 @@ def require(module: str, extra: str, strategy: str) -> ModuleType:
     except ImportError as error:
         raise ImportError(f"strategy {strategy!r} needs the {module.split('.')[0]} package, which is not installed: "
                           f"pip install easyfit[{extra}]") from error
+
+
+HOST = torch.device("cpu")
+
+
+def copy_to_train(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A copy of `net` on `device`, for a backend that takes the module apart (flattens, shards or partitions its
+    parameters). `net` itself waits on the host until the fit hands the trained weights back, so the device holds
+    one set of weights, not two."""
+    net.to(HOST)
+    return copy.deepcopy(net).to(device)
+
+
+def plain_on_device(user_net: torch.nn.Module, full_state: dict, device: torch.device) -> torch.nn.Module:
+    """A plain copy of the (host) user's net holding `full_state`, on `device`: the net of one validation pass,
+    freed after it, so that the training steps never share the device with a second full set of weights."""
+    net = copy.deepcopy(user_net)
+    net.load_state_dict(full_state)
+    return net.to(device)
+
+
+def hand_back_weights(user_net: torch.nn.Module, full_state: dict, device: torch.device) -> None:
+    """The trained weights into the user's net, on the device it trained on (as every strategy leaves it)."""
+    user_net.to(device)
+    user_net.load_state_dict(full_state)
 
 
 def constructor_defaults(cls: type, defaults: dict) -> dict:
