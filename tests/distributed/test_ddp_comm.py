@@ -6,6 +6,7 @@ import pytest
 import torch
 from runner import assert_same_weights, make_data, make_net, reference_weights, run_script
 
+import easyfit
 from easyfit.distributed.connector import connect
 from easyfit.distributed.strategies.ddp import DDPStrategy
 
@@ -132,3 +133,29 @@ def test_bf16_needs_nccl_and_says_so_before_training():
 def test_bad_communication_options_are_refused_when_the_strategy_is_built(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         DDPStrategy(**options)
+
+
+class GradientKinds(easyfit.callbacks.Callback):
+    """Whether each parameter's gradient is a view of a larger tensor (a DDP bucket), at every batch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.views = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.views |= {p.grad._base is not None for p in self.model.strategy._ddp_net.parameters()}
+
+
+@pytest.mark.parametrize("as_views", [True, False])
+def test_ddp_gradients_are_views_of_its_buckets_unless_told_otherwise(as_views):
+    """Views: the device holds the gradients once, not once more in DDP's buckets; the weights are the same."""
+    x, y = make_data()
+    weights = []
+    for options in ({}, {"gradient_as_bucket_view": as_views}):
+        net, kinds = make_net(), GradientKinds()
+        model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.1)
+        model.fit(x, y, epochs=2, batch_size=16, verbose=0, devices=1, accelerator="cpu", callbacks=[kinds],
+                  strategy=DDPStrategy(**options))
+        weights.append(net.state_dict())
+        assert kinds.views == {options.get("gradient_as_bucket_view", True)}
+    torch.testing.assert_close(weights[0], weights[1], atol=1e-7, rtol=0)

@@ -237,14 +237,17 @@ class ParallelStrategy(Strategy):
 
 
 class DDPStrategy(ParallelStrategy):
-    """torch DistributedDataParallel; `start_method` is "popen" (script re-launch), "spawn" or "fork"."""
+    """torch DistributedDataParallel; `start_method` is "popen" (script re-launch), "spawn" or "fork".
+
+    `gradient_as_bucket_view` (True): the gradients are views into DDP's all-reduce buckets, so the device holds one
+    copy of them, not two (the numbers are the same; code that calls `param.grad.detach_()` needs False)."""
 
     START_METHODS = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}
 
     def __init__(self, *args, start_method: str = "popen", find_unused_parameters: bool = False,
                  sync_batchnorm: bool = False, name: str | None = None, comm_hook: str | None = None,
                  powersgd_rank: int = 1, powersgd_start_step: int = 10, model_averaging_period: int | None = None,
-                 model_averaging_warmup: int = 0, **kwargs):
+                 model_averaging_warmup: int = 0, gradient_as_bucket_view: bool = True, **kwargs):
         if start_method not in self.START_METHODS:
             raise ValueError(f"start_method must be one of {', '.join(self.START_METHODS)}, got {start_method!r}")
         super().__init__(*args, **kwargs)
@@ -255,6 +258,7 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_net: DistributedDataParallel | None = None   # the net of the running fit
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.name = name or self.START_METHODS[start_method]
 
     @property
@@ -292,7 +296,8 @@ class DDPStrategy(ParallelStrategy):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
-                                          find_unused_parameters=self.find_unused_parameters)
+                                          find_unused_parameters=self.find_unused_parameters,
+                                          gradient_as_bucket_view=self.gradient_as_bucket_view)
         if self.communication.active:
             optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
         self._ddp_net = wrapped
