@@ -74,14 +74,16 @@ def test_every_strategy_on_one_gpu_trains_what_plain_cuda_pytorch_trains(strateg
 
 
 class WhereTheNetWaits(easyfit.callbacks.Callback):
-    """The devices the user's net's parameters are on during training and validation."""
+    """The devices the user's net's parameters and its optimizer's state are on during training and validation."""
 
-    def __init__(self, user_net: torch.nn.Module):
+    def __init__(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer):
         super().__init__()
-        self.user_net, self.devices = user_net, set()
+        self.user_net, self.user_optimizer, self.devices = user_net, user_optimizer, set()
 
     def on_train_batch_end(self, batch, logs=None):
         self.devices |= {parameter.device.type for parameter in self.user_net.parameters()}
+        self.devices |= {value.device.type for state in self.user_optimizer.state.values()
+                         for value in state.values() if isinstance(value, torch.Tensor) and value.dim() > 0}
 
     on_test_batch_end = on_train_batch_end
 
@@ -89,17 +91,21 @@ class WhereTheNetWaits(easyfit.callbacks.Callback):
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "deepspeed_stage_3", "deepspeed_stage_2_offload", "fsdp",
                                       "fsdp_cpu_offload"])
 def test_a_sharding_backend_trains_a_copy_while_the_users_net_waits_on_the_host(strategy):
-    """The GPU holds one set of weights, the trained copy's; the user's net gets the trained weights back on the
-    GPU at the end."""
+    """The GPU holds one set of weights and optimizer state, the trained copy's; the user's net and optimizer get
+    them back on the GPU at the end of each fit, and a second fit continues from there."""
     skip_without_its_package(strategy)
     x, y = data()
     net = make_net()
     expected = plain_cuda(net, x, y)
-    waits = WhereTheNetWaits(net)
-    model = easyfit.Model(net, "cross_entropy", "adam", lr=1e-3)
-    model.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0, accelerator="gpu", devices=1,
-              strategy=strategy, validation_data=(x[:64], y[:64]), callbacks=[waits])
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    waits = WhereTheNetWaits(net, optimizer)
+    model = easyfit.Model(net, "cross_entropy", optimizer)
+    for _ in range(2):   # the second fit starts from the state the first handed back
+        model.fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0, accelerator="gpu", devices=1,
+                  strategy=strategy, validation_data=(x[:64], y[:64]), callbacks=[waits])
+        assert all(parameter.is_cuda for parameter in net.parameters())
     assert waits.devices == {"cpu"}
-    assert all(parameter.is_cuda for parameter in net.parameters())
+    assert all(value.is_cuda for state in optimizer.state.values() for value in state.values()
+               if isinstance(value, torch.Tensor) and value.dim() > 0)
     difference = max((value.cpu() - expected[name]).abs().max().item() for name, value in net.state_dict().items())
     assert difference <= 1e-5

@@ -163,7 +163,7 @@ class DeepSpeedStrategy(DDPStrategy):
         config = self.config(num_params)
         self._sizing_note = DeepSpeedConfig.describe(config)
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
-        trained = net if built else copy_to_train(net, self.root_device)
+        trained = net if built else copy_to_train(net, optimizer, self.root_device)
         self._layout = zero_init.layout(net) if built else None
         names = param_names(net, optimizer)
         own = dict(trained.named_parameters())

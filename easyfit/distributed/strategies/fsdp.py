@@ -134,7 +134,7 @@ class FSDPStrategy(DDPStrategy):
         on_meta = built_sharded(net) == META
         if on_meta:
             check_initializable(uninitializable(net))
-        sharded = copy.deepcopy(net) if on_meta else copy_to_train(net, self.root_device)
+        sharded = copy.deepcopy(net) if on_meta else copy_to_train(net, optimizer, self.root_device)
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
         if self.cpu_offload:

@@ -11,6 +11,8 @@ from types import ModuleType
 
 import torch
 
+from easyfit.optimizers import align_state
+
 
 def require(module: str, extra: str, strategy: str) -> ModuleType:
     """Import an optional package, or say which pip extra installs it."""
@@ -24,11 +26,12 @@ def require(module: str, extra: str, strategy: str) -> ModuleType:
 HOST = torch.device("cpu")
 
 
-def copy_to_train(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def copy_to_train(net: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> torch.nn.Module:
     """A copy of `net` on `device`, for a backend that takes the module apart (flattens, shards or partitions its
-    parameters). `net` itself waits on the host until the fit hands the trained weights back, so the device holds
-    one set of weights, not two."""
+    parameters). `net` and `optimizer`'s state (a resumed or second fit's) wait on the host until the fit hands the
+    trained weights and state back, so the device holds one set of them, not two."""
     net.to(HOST)
+    align_state(optimizer)
     return copy.deepcopy(net).to(device)
 
 
