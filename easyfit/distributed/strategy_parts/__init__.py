@@ -2,7 +2,8 @@
 
 - construction, meta_init, zero_init: nets built sharded from the start (module_construction()) and making them
   plain modules again;
-- sharding: what the sharded strategies share (the optimizer's parameters, rebuilding an optimizer, byte counts);
+- sharding: what the sharded strategies share (the copy of the net they train while the user's net waits on the
+  host, the optimizer's parameters, rebuilding an optimizer, byte counts);
 - deepspeed_config: the DeepSpeed config derived from fit's arguments and the net;
 - ddp_comm, powersgd_state: DDP's communication hooks and model averaging, and their saved state;
 - pipeline_split, pipeline_engine, pipeline_state: cutting an nn.Sequential into stages, running them under
