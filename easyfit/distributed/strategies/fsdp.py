@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategy_parts import sharding
 from easyfit.distributed.strategy_parts.construction import META, built_sharded
 from easyfit.distributed.strategy_parts.meta_init import (
     check_initializable,
@@ -28,13 +29,10 @@ from easyfit.distributed.strategy_parts.meta_init import (
     uninitializable,
 )
 from easyfit.distributed.strategy_parts.sharding import (
-    copy_to_train,
     directory_outside_fit,
-    hand_back_weights,
     move_scheduler,
     optimizer_params,
     param_names,
-    plain_on_device,
     rebuild_optimizer,
     without_weights,
 )
@@ -134,7 +132,7 @@ class FSDPStrategy(DDPStrategy):
         on_meta = built_sharded(net) == META
         if on_meta:
             check_initializable(uninitializable(net))
-        sharded = copy.deepcopy(net) if on_meta else copy_to_train(net, optimizer, self.root_device)
+        sharded = copy.deepcopy(net) if on_meta else sharding.copy_to_train(net, optimizer, self.root_device)
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
         if self.cpu_offload:
@@ -163,7 +161,7 @@ class FSDPStrategy(DDPStrategy):
                 materialize(user_net)
                 user_net.load_state_dict(self._full_module_state(net))
             else:
-                hand_back_weights(user_net, self._full_module_state(net), self.root_device)
+                sharding.hand_back_weights(user_net, self._full_module_state(net), self.root_device)
             user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
 
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
@@ -184,7 +182,7 @@ class FSDPStrategy(DDPStrategy):
         if built_sharded(source) == META:
             source = copy.deepcopy(source)
             materialize(source)
-        return plain_on_device(source, self._full_module_state(net), self.root_device)
+        return sharding.plain_on_device(source, self._full_module_state(net), self.root_device)
 
     # --- state ----------------------------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:
