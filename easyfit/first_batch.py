@@ -39,18 +39,20 @@ from easyfit.tensors import map_tensors
 def prepare_fit_data(model, net: nn.Module, train, val) -> None:
     """Before the first epoch: in-memory data conformed to the net, first steps to run the checks, and the validation
     data's first batch checked (the one forward pass run ahead of training)."""
-    prepare(model, net, train, "the training data", training=True)
+    eval_net = model.strategy.module_for_eval(net)   # a sharding strategy gathers a copy per call: one for all three
+    prepare(model, eval_net, train, "the training data", training=True)
     if val is not None:
-        prepare(model, net, val, "the validation data")
-        _check_validation_batch(model, net, val)
+        prepare(model, eval_net, val, "the validation data")
+        _check_validation_batch(model, eval_net, val)
 
 
-def prepare(model, net: nn.Module, batches, source: str, training: bool = False, targets: bool = True) -> None:
-    """Conform in-memory data to the net and give `batches` the `FirstStep` the loop runs as its first batch."""
+def prepare(model, eval_net: nn.Module, batches, source: str, training: bool = False, targets: bool = True) -> None:
+    """Conform in-memory data to the net evaluation runs (`strategy.module_for_eval`'s) and give `batches` the
+    `FirstStep` the loop runs as its first batch."""
     precision = model.precision
     data = _source(batches)
     if isinstance(data, TensorBatches):
-        _conform_floats(data, _data_dtype(model.strategy.module_for_eval(net), precision))
+        _conform_floats(data, _data_dtype(eval_net, precision))
         if targets and isinstance(model.loss_fn, CLASS_INDEX_LOSSES):
             _class_indices_to_int64(data)
     batches.first_step = FirstStep(model, batches, source, training)
@@ -161,8 +163,9 @@ def _class_indices_to_int64(batches: TensorBatches) -> None:
 
 
 def _check_validation_batch(model, net: nn.Module, val) -> None:
-    """The validation data's first batch (when it can be read ahead): targets present, inputs the net takes,
-    targets the loss takes. One forward pass in eval mode, without gradients, on a copy of the RNG state."""
+    """The validation data's first batch (when it can be read ahead) through `net`, the net evaluation runs: targets
+    present, inputs the net takes, targets the loss takes. One forward pass in eval mode, without gradients, on a
+    copy of the RNG state."""
     data = _source(val)
     batch = peek_first_batch(data)
     if batch is None:
@@ -173,7 +176,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
         raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "
                          "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "
                          "batches are (x, y) pairs.")
-    net, precision = model.strategy.module_for_eval(net), model.precision
+    precision = model.precision
     step = FirstStep(model, val, "the validation data", training=False)
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():

@@ -146,7 +146,7 @@ def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: 
                            num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                            float_dtype=model._precision.float_dtype)
     loop = eval_loop(model, verbose, callbacks)
-    prepare(model, model.net, batches, "the evaluation data")
+    prepare(model, model.strategy.module_for_eval(model.net), batches, "the evaluation data")
     return loop.evaluate(batches)
 
 
@@ -156,7 +156,7 @@ def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: i
                            num_workers=run.num_workers, replace_sampler=run.replace_sampler,
                            float_dtype=model._precision.float_dtype)
     loop = eval_loop(model, verbose, callbacks)
-    prepare(model, model.net, batches, "the data", targets=False)
+    prepare(model, model.strategy.module_for_eval(model.net), batches, "the data", targets=False)
     outputs = loop.predict(batches)
     tensors = all(isinstance(output, torch.Tensor) for output in outputs)
     if strategy.world_size == 1 or not getattr(batches, "sharded", False):
