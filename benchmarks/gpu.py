@@ -27,6 +27,7 @@ from torch import nn
 SIDES = ["hand", "easyfit", "lightning", "accelerate"]
 NEEDS = {"lightning": "lightning", "accelerate": "accelerate"}
 BAR = 1.03
+CUDA = torch.device("cuda")
 
 
 def workload(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor, int, str]:
@@ -47,17 +48,21 @@ def make_optimizer(name: str, net: nn.Module) -> torch.optim.Optimizer:
 
 
 class EpochClock:
-    """Seconds per step of each epoch, CUDA synchronised at the epoch's start and end."""
+    """Seconds per step of each epoch, the device (CUDA unless told) synchronised at the epoch's start and end."""
 
-    def __init__(self, steps: int):
-        self.steps, self.times, self.started = steps, [], 0.0
+    def __init__(self, steps: int, device: torch.device = CUDA):
+        self.steps, self.device, self.times, self.started = steps, device, [], 0.0
+
+    def _synchronise(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def start(self) -> None:
-        torch.cuda.synchronize()
+        self._synchronise()
         self.started = time.perf_counter()
 
     def stop(self) -> None:
-        torch.cuda.synchronize()
+        self._synchronise()
         self.times.append((time.perf_counter() - self.started) / self.steps)
 
 

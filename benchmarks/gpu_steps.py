@@ -22,34 +22,14 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
-from gpu import interleaved, make_optimizer, workload
+from gpu import EpochClock, interleaved, make_optimizer, workload
 
 DEFAULT_SIDES = ["hand", "easyfit"]
 COMPILED_SIDES = ["easyfit-compiled"]
 BARS = {("mlp", "easyfit-compiled"): 2.0, ("resnet", "easyfit-compiled"): 1.15}   # speed-up over hand-written
-
-
-class EpochClock:
-    """Seconds per step of each epoch, the device synchronised at the epoch's start and end."""
-
-    def __init__(self, steps: int, device: torch.device):
-        self.steps, self.device, self.times, self.started = steps, device, [], 0.0
-
-    def _synchronise(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def start(self) -> None:
-        self._synchronise()
-        self.started = time.perf_counter()
-
-    def stop(self) -> None:
-        self._synchronise()
-        self.times.append((time.perf_counter() - self.started) / self.steps)
 
 
 def on_device(name: str, device: torch.device, samples: int | None):
