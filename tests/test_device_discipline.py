@@ -76,8 +76,6 @@ class DeviceStrategy:
     """The part of the strategy contract a loss tracker uses, on a device of choice; records what reaches the
     collective and answers with the given totals (a meta tensor holds no numbers to reduce)."""
 
-    world_size = 2
-
     def __init__(self, device: str, answer: list[float]):
         self.root_device = torch.device(device)
         self.answer = answer
