@@ -4,8 +4,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
-import torch
-
 
 def in_lockstep(batches: Iterable, strategy, spare: Callable[[], Any]) -> Iterator[tuple[Any, bool]]:
     """(batch, counted) pairs: this rank's batches (counted), then, while another rank still has batches, a batch
@@ -14,8 +12,7 @@ def in_lockstep(batches: Iterable, strategy, spare: Callable[[], Any]) -> Iterat
     iterator, last = iter(batches), None
     while True:
         batch = next(iterator, None)
-        more = torch.tensor([float(batch is not None)], device=strategy.root_device)
-        if not strategy.reduce(more, "max").item():
+        if not strategy.any_rank(batch is not None):
             return
         if batch is not None:
             last = batch

@@ -217,10 +217,8 @@ class Loop:
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
-        model, strategy = self.model, self.strategy
-        if strategy.world_size > 1:
-            flag = torch.tensor([float(model.stop_training)], device=strategy.root_device)
-            model.stop_training = bool(strategy.reduce(flag, "max").item())
+        model = self.model
+        model.stop_training = self.strategy.any_rank(model.stop_training)
         return model.stop_training
 
     def _check_even_batches(self, num_batches: int | None) -> None:

@@ -13,8 +13,6 @@ import subprocess
 import sys
 import threading
 
-import torch
-
 from easyfit.distributed.slurm_environment import INTERACTIVE_SLURM_JOBS
 
 REQUEUE_SIGNAL = signal.SIGUSR1
@@ -56,10 +54,7 @@ class RequeueSignal:
     def agreed(self, strategy) -> bool:
         """Whether any rank received the signal (one tiny collective per step on several processes: SLURM signals
         every rank, but each at its own point of the step)."""
-        if strategy.world_size == 1:
-            return self.received
-        flag = torch.tensor([float(self.received)], device=strategy.root_device)
-        return bool(strategy.reduce(flag, "max").item())
+        return strategy.any_rank(self.received)
 
     def requeue_job(self, model) -> None:
         """Rank 0 requeues the job; then every rank ends (the checkpoint is already written)."""

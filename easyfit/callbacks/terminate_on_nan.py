@@ -4,8 +4,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import torch
-
 from easyfit.callbacks.base import Callback
 
 
@@ -40,9 +38,4 @@ class TerminateOnNaN(Callback):
             warnings.warn(self.message, RuntimeWarning, stacklevel=1)
 
     def _any_process_invalid(self, loss: float) -> bool:
-        invalid = not math.isfinite(loss)
-        strategy = self.model.strategy
-        if strategy.world_size == 1:
-            return invalid
-        flag = torch.tensor(float(invalid), device=strategy.root_device)
-        return bool(strategy.reduce(flag, "max").item())
+        return self.model.strategy.any_rank(not math.isfinite(loss))

@@ -260,6 +260,13 @@ class Strategy:
         """Reduce over all ranks ("sum", "mean", "max", "min"); identity on one process."""
         return tensor
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is true on any rank: one 1-element all-reduce on `root_device` (none on one process).
+        Every rank must ask at the same point."""
+        if self.world_size == 1:
+            return flag
+        return bool(self.reduce(torch.tensor([float(flag)], device=self.root_device), "max").item())
+
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """This rank's tensor from every rank, in rank order (shapes may differ between ranks)."""
         return [tensor]
