@@ -3,7 +3,7 @@ import os
 
 from easyfit import callbacks, strategies
 from easyfit.callbacks.history import History
-from easyfit.early_launch import launch
+from easyfit.distributed.launch import launch
 from easyfit.model import Model
 
 if os.environ.get("EASYFIT_EXCHANGE_DIR"):   # a re-run rank: its errors reach rank 0 from the very start

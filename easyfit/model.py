@@ -6,11 +6,9 @@ from typing import Any
 
 from torch import nn
 
-from easyfit import model_state, net_weights
-from easyfit.callbacks.base import CallbackList
+from easyfit.callbacks.base import CallbackList, callback_list
 from easyfit.callbacks.history import History
-from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.compiling import CompiledSteps, check_compile
+from easyfit.data.results import is_numpy_input, prediction_result, scores_result
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
@@ -18,26 +16,35 @@ from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategy_parts.construction import check_call, prepare_for_state
 from easyfit.distributed.unused_parameters import explain_unused_parameters
-from easyfit.fault_tolerance import max_restarts_for
-from easyfit.in_process import CALLS, fit_callbacks
-from easyfit.loop import TrainingObjects
-from easyfit.losses import resolve_loss
-from easyfit.metrics import MetricSet, metric_names
-from easyfit.optimizers import (
-    build_optimizer,
-    build_scheduler,
-    optimizer_name,
-    parameter_groups,
+from easyfit.parts.losses import resolve_loss
+from easyfit.parts.metrics import MetricSet, metric_names
+from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer_name, parameter_groups
+from easyfit.parts.precision import Precision, parse_precision
+from easyfit.saving import model_state, net_weights
+from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.saving.fault_tolerance import max_restarts_for
+from easyfit.saving.resume import EpochPosition
+from easyfit.training.compiling import CompiledSteps, check_compile
+from easyfit.training.in_process import CALLS as IN_PROCESS_CALLS, fit_callbacks
+from easyfit.training.loop import TrainingObjects
+from easyfit.training.options import (
+    FitOptions,
+    RunOptions,
+    as_keywords,
+    call_options,
+    check_fit_options,
+    run_options_documented,
 )
-from easyfit.options import FitOptions, RunOptions, as_keywords, call_options, check_fit_options, run_options_documented
-from easyfit.precision import Precision, parse_precision
-from easyfit.results import is_numpy_input, prediction_result, scores_result
-from easyfit.resume import EpochPosition
-from easyfit.tensors import sample_count
-from easyfit.validation import callback_list, check_model_arguments, check_positive_int, check_verbose
+from easyfit.tuning.batch_size_finder import search_in_process
+from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
+from easyfit.utils.tensors import sample_count
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
+
+
+#: what a call runs on each rank, by the call's name
+CALLS = {**IN_PROCESS_CALLS, "find_batch_size": search_in_process}
 
 
 class Model:
@@ -57,9 +64,7 @@ class Model:
                  *, lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch"):
         if not isinstance(net, nn.Module):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
-        if scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
-        check_model_arguments(optimizer, metrics, lr)
+        check_model_arguments(optimizer, metrics, lr, scheduler_interval)
         self.net = net
         self.loss_fn = resolve_loss(loss)
         self.optimizer = build_optimizer(optimizer, net, lr)
@@ -232,19 +237,19 @@ class Model:
 
     def find_lr(self, x=None, y=None, **kwargs):
         """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
-        optimizer and RNG are left exactly as before. See easyfit.lr_finder and docs/api.md."""
-        from easyfit.lr_finder import find_lr
+        optimizer and RNG are left exactly as before. See easyfit.tuning.lr_finder and docs/api.md."""
+        from easyfit.tuning.lr_finder import find_lr
         return find_lr(self, x, y, **kwargs)
 
     def find_batch_size(self, x=None, y=None, **kwargs) -> int:
         """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
-        is left as before. See easyfit.batch_size_finder and docs/api.md."""
-        from easyfit.batch_size_finder import find_batch_size
+        is left as before. See easyfit.tuning.batch_size_finder and docs/api.md."""
+        from easyfit.tuning.batch_size_finder import find_batch_size
         return find_batch_size(self, x, y, **kwargs)
 
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
-        from easyfit.summary import summarize
+        from easyfit.training.summary import summarize
         text = summarize(self.net, input_example)
         if print_fn is not None:
             print_fn(text)
@@ -329,7 +334,7 @@ class Model:
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:
-        """Everything needed to resume training exactly (easyfit.model_state)."""
+        """Everything needed to resume training exactly (easyfit.saving.model_state)."""
         return model_state.checkpoint_state(self)
 
     def restore(self, state: dict, training: bool = False) -> None:
@@ -338,7 +343,7 @@ class Model:
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
-        """Run the call `method` ("fit", "evaluate", ...: easyfit.in_process.CALLS) in this process or, via the
+        """Run the call `method` ("fit", "evaluate", ...: CALLS) in this process or, via the
         strategy's launcher, in every rank."""
         training_memory = estimate(self.net, self.optimizer) if method == "fit" else None
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,

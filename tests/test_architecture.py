@@ -84,3 +84,48 @@ def test_no_module_is_over_400_lines():
     long = {name: count for name, path in MODULES.items()
             if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+#: the layers, bottom first: a module imports only from its own layer or the layers below it (docs/architecture.md).
+#: A module belongs to the longest layer name that prefixes it; `easyfit` itself is the public surface on top.
+LAYERS = [
+    "easyfit.utils",
+    "easyfit.parts",
+    "easyfit.data",
+    "easyfit.callbacks",
+    "easyfit.distributed.environments",
+    "easyfit.saving",
+    "easyfit.distributed",
+    "easyfit.training",
+    "easyfit.tuning",
+    "easyfit",
+]
+
+
+def layer_of(module: str) -> int:
+    return max((index for index, layer in enumerate(LAYERS) if module == layer or module.startswith(layer + ".")),
+               key=lambda index: len(LAYERS[index]))
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module from a layer above its own, as 'importer (layer) -> imported (layer)'."""
+    return [f"{name} ({LAYERS[layer_of(name)]}) -> {target} ({LAYERS[layer_of(target)]})"
+            for name, targets in sorted(graph.items()) for target in sorted(targets)
+            if layer_of(target) > layer_of(name)]
+
+
+def test_no_layer_imports_one_above_it():
+    graph = {name: imported_modules(name, path) for name, path in MODULES.items()}
+    upward = upward_imports(graph)
+    assert not upward, "imports from a layer above (move the code down, or pass it in):\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"easyfit.utils.checks": {"easyfit.training.loop"}}) == [
+        "easyfit.utils.checks (easyfit.utils) -> easyfit.training.loop (easyfit.training)"]
+    assert upward_imports({"easyfit.training.loop": {"easyfit.utils.checks"}}) == []
+
+
+def test_the_top_of_the_package_holds_only_the_public_faces():
+    entries = sorted(path.name for path in PACKAGE.iterdir() if not path.name.startswith((".", "__pycache__")))
+    assert len(entries) <= 13, f"{len(entries)} entries at the top of easyfit/ (group them by job): {entries}"

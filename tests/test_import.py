@@ -1,7 +1,10 @@
 """`import easyfit` stays light: no optional backend, no plotting, and little time on top of `import torch`."""
 from __future__ import annotations
 
+import importlib
 import json
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -38,3 +41,38 @@ def test_import_adds_at_most_150_ms_over_torch(fresh_imports):
     """The best of three runs discounts a busy machine."""
     overhead = min(run["easyfit"] for run in fresh_imports)
     assert overhead <= 0.15, f"import easyfit took {overhead:.3f} s after import torch: {fresh_imports}"
+
+
+DOCS = [pathlib.Path(__file__).resolve().parents[1] / "README.md",
+        *sorted((pathlib.Path(__file__).resolve().parents[1] / "docs").glob("*.md"))]
+DOTTED = re.compile(r"\beasyfit(?:\.[A-Za-z_]\w*)+")
+
+
+def resolve(path: str):
+    """The object a dotted path names: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(path)
+
+
+@pytest.mark.parametrize("path", sorted({path for doc in DOCS for path in DOTTED.findall(doc.read_text())}))
+def test_every_import_path_the_docs_show_works(path):
+    resolve(path.rstrip("."))
+
+
+def test_the_public_paths_of_moved_modules_work():
+    import easyfit
+    from easyfit.checkpoint_convert import convert_checkpoint
+    from easyfit.devices import find_usable_cuda_devices
+    assert callable(convert_checkpoint) and callable(find_usable_cuda_devices)
+    assert callable(easyfit.launch) and easyfit.callbacks.ModelCheckpoint and easyfit.strategies.DDP
+    help_text = subprocess.run([sys.executable, "-m", "easyfit.checkpoint_convert", "--help"], capture_output=True,
+                               text=True, check=True, timeout=120).stdout
+    assert "python -m easyfit.checkpoint_convert" in help_text

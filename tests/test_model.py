@@ -9,7 +9,7 @@ from torch import nn
 
 import easyfit
 from easyfit.callbacks import Callback
-from easyfit.optimizers import OPTIMIZERS
+from easyfit.parts.optimizers import OPTIMIZERS
 
 
 class LearningRates(Callback):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import easyfit
-from easyfit.options import FitOptions, RunOptions
+from easyfit.training.options import FitOptions, RunOptions
 
 #: a call's own arguments, besides the options dataclasses it builds
 OWN = {"fit": {"x", "y"}, "evaluate": {"x", "y", "batch_size", "verbose", "callbacks", "return_dict"},

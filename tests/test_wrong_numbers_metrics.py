@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sklearn import datasets
-from sklearn import metrics as sk
+from sklearn import datasets, metrics as sk
 from torch import nn
 from torch.nn import functional as F
 

@@ -114,6 +114,17 @@ class CallbackList:
 ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
 
 
+def callback_list(callbacks) -> list:
+    """`callbacks=` as a list; one callback alone is accepted, as in Keras."""
+    items = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    for item in items:
+        if isinstance(item, type):
+            raise TypeError(f"callbacks holds the class {item.__name__}; pass an instance: {item.__name__}(...)")
+        if not isinstance(item, Callback):
+            raise TypeError(f"callbacks must be easyfit.callbacks.Callback instances; got {type(item).__name__}")
+    return items
+
+
 def _overrides(callback: Callback, hook: str) -> bool:
     """Whether the callback's class (or the instance itself, e.g. LambdaCallback) defines `hook` or its alias."""
     names = (hook, ALIASES.get(hook, hook))

@@ -29,7 +29,7 @@ class History(Callback):
         """Draw loss and metric curves (train and validation together); save to `path` if given.
 
         Needs matplotlib: pip install easyfit[plot]."""
-        from easyfit.plotting import plot_history
+        from easyfit.utils.plotting import plot_history
         return plot_history(self, path, keys)
 
     def __repr__(self) -> str:

@@ -7,7 +7,7 @@ import string
 
 from easyfit.callbacks.base import Callback
 from easyfit.callbacks.monitor import Monitor, skips_validation
-from easyfit.validation import check_positive_int
+from easyfit.utils.checks import check_positive_int
 
 
 class ModelCheckpoint(Callback):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from easyfit.devices import is_interactive, parse_devices, resolve_accelerator
+from easyfit.distributed.devices import is_interactive, parse_devices, resolve_accelerator
 from easyfit.distributed.environments import ClusterEnvironment, detect_environment
 from easyfit.distributed.strategies.base import Strategy
 

@@ -22,7 +22,7 @@ from easyfit.distributed import memory
 from easyfit.distributed.calls import Call, configure_for_call, read_call
 from easyfit.distributed.memory import TrainingMemory
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.validation import check_positive_int, closest_name
+from easyfit.utils.checks import check_positive_int, closest_name
 
 
 def _single(call: Call) -> Strategy:

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from easyfit.tensors import map_tensors
+from easyfit.utils.tensors import map_tensors
 
 #: attributes that belong to the caller's own objects, never replaced by rank 0's copies
 CALLER_OWNED = ("model", "params")

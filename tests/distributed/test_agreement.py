@@ -14,9 +14,9 @@ from runner import SCRIPTS, make_net
 
 import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
-from easyfit.in_process import warmup_for
-from easyfit.options import FitOptions
-from easyfit.resume import EpochPosition
+from easyfit.saving.resume import EpochPosition
+from easyfit.training.in_process import warmup_for
+from easyfit.training.options import FitOptions
 
 
 def run_pattern(out: Path, scenario: str, timeout: float = 240, cwd: Path | None = None,

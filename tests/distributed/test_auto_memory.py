@@ -18,7 +18,7 @@ from easyfit.distributed.environments import detect_environment
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.fsdp import FSDPStrategy
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
-from easyfit.lr_scaling import describe
+from easyfit.parts.lr_scaling import describe
 
 GB = 10 ** 9
 

@@ -15,7 +15,7 @@ from easyfit.distributed.environments import (
     detect_environment,
     find_free_port,
 )
-from easyfit.distributed.slurm_environment import SLURMEnvironment, expand_nodelist
+from easyfit.distributed.environments.slurm import SLURMEnvironment, expand_nodelist
 
 PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_")
 NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",

@@ -20,7 +20,7 @@ import json
 import torch
 import easyfit
 from easyfit.callbacks import Callback
-from easyfit.devices import is_interactive
+from easyfit.distributed.devices import is_interactive
 
 torch.set_num_threads(1)
 

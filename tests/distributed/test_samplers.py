@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
-from easyfit.data import interleave, make_batches
+from easyfit.data.batches import interleave, make_batches
 from easyfit.distributed.strategies.ddp import DDPStrategy, DistributedSamplerWrapper
 
 WORLD_SIZE = 2

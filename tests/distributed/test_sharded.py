@@ -15,9 +15,9 @@ import torch
 from runner import SCRIPTS, make_data, make_net, run_script
 
 import easyfit
-from easyfit.checkpoint_convert import convert_checkpoint
 from easyfit.distributed.environments import find_free_port
-from easyfit.precision import cpu_supports_fp16
+from easyfit.parts.precision import cpu_supports_fp16
+from easyfit.saving.convert import convert_checkpoint
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -131,11 +131,11 @@ def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_
 
 
 def test_the_conversion_command_writes_one_file_and_refuses_other_directories(tmp_path):
-    process = subprocess.run([sys.executable, "-m", "easyfit.checkpoint_convert", str(tmp_path), str(tmp_path / "x")],
+    process = subprocess.run([sys.executable, "-m", "easyfit.saving.convert", str(tmp_path), str(tmp_path / "x")],
                              capture_output=True, text=True, timeout=120)
     assert process.returncode != 0 and "is not a sharded easyfit checkpoint" in process.stderr
     assert not (tmp_path / "x").exists()
-    with pytest.raises(ValueError, match=r"is a directory.*python -m easyfit.checkpoint_convert"):
+    with pytest.raises(ValueError, match=r"is a directory.*python -m easyfit.saving.convert"):
         easyfit.Model.load(tmp_path, net=make_net())
 
 
@@ -236,7 +236,7 @@ def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():
 
 def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monkeypatch):
     from easyfit.distributed.strategies.deepspeed import DeepSpeedStrategy
-    from easyfit.loop import TrainingSettings
+    from easyfit.training.loop import TrainingSettings
     path = tmp_path / "ds.json"
     path.write_text('{"gradient_clipping": 2.0, "zero_optimization": {"reduce_bucket_size": 1000}}')
     monkeypatch.setenv("EASYFIT_DEEPSPEED_CONFIG", str(path))
@@ -260,7 +260,7 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
 def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monkeypatch):
     """DeepSpeed's 5e8-element buckets held 4x plain PyTorch's GPU memory on a 33.6 M-parameter net."""
     from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, bucket_elements
-    from easyfit.loop import TrainingSettings
+    from easyfit.training.loop import TrainingSettings
     monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG", raising=False)
     assert bucket_elements(33_600_000) == 1_050_624 and bucket_elements(20_000) == 20_480
     assert bucket_elements(10 ** 11) == 499_999_744 and bucket_elements(12_345) % 1024 == 0   # DeepSpeed's alignment
@@ -282,7 +282,7 @@ def test_a_sharded_directory_outside_a_sharded_fit_says_how_to_resume_or_convert
     from easyfit.strategies import FSDP, DeepSpeed
     for strategy, words in ((FSDP(), "under strategy='fsdp'"), (DeepSpeed(stage=3), "on as many processes")):
         with pytest.raises(ValueError, match=rf"is a .* checkpoint directory: resume it with fit\(resume_from=...\) "
-                                             rf".*{words}.*python -m easyfit.checkpoint_convert"):
+                                             rf".*{words}.*python -m easyfit.saving.convert"):
             strategy.load_checkpoint(str(tmp_path))
 
 

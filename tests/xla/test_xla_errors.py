@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import easyfit
-from easyfit.devices import parse_devices
+from easyfit.distributed.devices import parse_devices
 
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
 

@@ -1,7 +1,8 @@
 """`max_restarts`: easyfit's own launcher starts the ranks of a failed call again, as torchrun's agent does.
 
 Each attempt gets the run id and its restart count (the ranks' fault-tolerance checkpoint restores from them, see
-easyfit.fault_tolerance), a fresh port for its process group, and new processes for every rank the launcher starts.
+easyfit.saving.fault_tolerance), a fresh port for its process group, and new processes for every rank the launcher
+starts.
 Each failure's cause is printed; after the last allowed restart the caller gets `RestartsExhaustedError`.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from easyfit.distributed.environments import GIVEN_PORT, RESTART_COUNT_VARIABLE, find_free_port
 from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import RankFailedError
-from easyfit.fault_tolerance import RUN_ID_VARIABLE
+from easyfit.saving.fault_tolerance import RUN_ID_VARIABLE
 
 
 class RestartsExhaustedError(RankFailedError):

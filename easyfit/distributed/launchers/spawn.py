@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing.spawn import ProcessException
 
-from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import (
     RankFailedError,
@@ -23,6 +22,7 @@ from easyfit.distributed.launchers.failures import (
     stuck_ranks,
 )
 from easyfit.distributed.pickling import check_picklable
+from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 
 RESULT_FILE = "result.pt"
 WATCH_INTERVAL = 0.1

@@ -7,10 +7,10 @@ import pickle
 import shutil
 from typing import Any, Callable
 
-from easyfit.checkpoint import load_checkpoint_file
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import exchange_directory, rank_failure, root_cause
 from easyfit.distributed.launchers.spawn import RESULT_FILE, run_and_report
+from easyfit.saving.checkpoint import load_checkpoint_file
 
 
 class XLALauncher(Launcher):

@@ -14,11 +14,11 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import Sampler
 
-from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.data import interleave
-from easyfit.optimizers import align_state
-from easyfit.precision import Precision
-from easyfit.samplers import EpochSampler, EvalSampler
+from easyfit.data.batches import interleave
+from easyfit.data.samplers import EpochSampler, EvalSampler
+from easyfit.parts.optimizers import align_state
+from easyfit.parts.precision import Precision
+from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)

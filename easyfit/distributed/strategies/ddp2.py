@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from easyfit.distributed.strategies.ddp import ParallelStrategy
-from easyfit.precision import Precision
+from easyfit.parts.precision import Precision
 
 
 def average_gradients(params: list[torch.Tensor], size: int, group=None) -> None:

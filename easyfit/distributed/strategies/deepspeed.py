@@ -16,7 +16,6 @@ import os
 
 import torch
 
-from easyfit.checkpoint import FORMAT_KEY, FORMAT_VERSION
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
@@ -34,11 +33,11 @@ from easyfit.distributed.strategy_parts.sharding import (
     require,
     without_weights,
 )
-from easyfit.precision import Precision, cpu_supports_fp16
-from easyfit.tensors import map_tensors
+from easyfit.parts.precision import Precision, cpu_supports_fp16
+from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION
+from easyfit.utils.tensors import map_tensors
 
 STATE_FORMATS = ("full", "sharded")
-CLIENT_STATE_KEY = "easyfit"
 
 
 class DeepSpeedPrecision(Precision):
@@ -282,10 +281,10 @@ class DeepSpeedStrategy(DDPStrategy):
         if self.state_dict_type == "full" or self.engine is None:
             return super().save_checkpoint(path, state)
         rest = without_weights(state)
-        # what easyfit.checkpoint_convert needs to write the optimizer state in the plain optimizer's form
+        # what easyfit.saving.convert needs to write the optimizer state in the plain optimizer's form
         rest.update(param_names=self._names, param_groups=self.full_state.plain_groups(self._optimizer))
         self.engine.save_checkpoint(path, tag="checkpoint",
-                                    client_state={CLIENT_STATE_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
+                                    client_state={DEEPSPEED_CLIENT_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
 
     def load_checkpoint(self, path: str) -> dict:
         if not os.path.isdir(path):
@@ -294,7 +293,7 @@ class DeepSpeedStrategy(DDPStrategy):
             raise directory_outside_fit(path, "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it")
         _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
-        rest = {key: value for key, value in client_state[CLIENT_STATE_KEY].items()
+        rest = {key: value for key, value in client_state[DEEPSPEED_CLIENT_KEY].items()
                 if key not in ("param_names", "param_groups")}
         return {**rest, "net": {}, "optimizer": {}}
 

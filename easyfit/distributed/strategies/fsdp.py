@@ -16,7 +16,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from easyfit.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategy_parts import sharding
 from easyfit.distributed.strategy_parts.construction import META, built_sharded
@@ -36,11 +35,11 @@ from easyfit.distributed.strategy_parts.sharding import (
     rebuild_optimizer,
     without_weights,
 )
-from easyfit.precision import Precision
+from easyfit.parts.precision import Precision
+from easyfit.saving.checkpoint import FSDP_META_FILE, load_checkpoint_file, save_checkpoint_file
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 STATE_FORMATS = ("full", "sharded")
-META_FILE = "easyfit_meta.pt"
 
 
 class PolicyPrecision(Precision):
@@ -224,13 +223,14 @@ class FSDPStrategy(DDPStrategy):
     # --- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, path: str, state: dict) -> None:
         """"full": one file written by rank 0. "sharded": a torch.distributed.checkpoint directory of the net's and
-        optimizer's shards (every rank writes its own) plus the rest of the state in META_FILE."""
+        optimizer's shards (every rank writes its own) plus the rest of the state in FSDP_META_FILE."""
         if self.state_dict_type == "full" or self._sharded is None:
             return super().save_checkpoint(path, state)
         import torch.distributed.checkpoint as dcp
         dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
         if self.is_global_zero:
-            save_checkpoint_file(os.path.join(path, META_FILE), {**without_weights(state), "param_names": self._names})
+            save_checkpoint_file(os.path.join(path, FSDP_META_FILE),
+                                 {**without_weights(state), "param_names": self._names})
         self.barrier()
 
     def load_checkpoint(self, path: str) -> dict:
@@ -241,7 +241,7 @@ class FSDPStrategy(DDPStrategy):
             raise directory_outside_fit(path, "sharded", "strategy='fsdp'")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        rest = load_checkpoint_file(os.path.join(path, META_FILE), map_location="cpu")
+        rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")
         rest.pop("param_names")
         template = {"net": self._sharded.state_dict(), "optimizer": get_optimizer_state_dict(self._sharded,
                                                                                               self._optimizer)}

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
-from easyfit.checkpoint import load_checkpoint_file
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper
-from easyfit.optimizers import align_state
-from easyfit.precision import Precision
+from easyfit.parts.optimizers import align_state
+from easyfit.parts.precision import Precision
+from easyfit.saving.checkpoint import load_checkpoint_file
 
 REDUCE_OPS = {"sum": "Sum", "mean": "Average", "max": "Max", "min": "Min"}
 
@@ -146,7 +146,7 @@ class HorovodStrategy(Strategy):
         """Rank 0 reads the file and sends it to the others, so only rank 0's machine needs it."""
         hvd = import_horovod()
         state = load_checkpoint_file(path, map_location=self.root_device) if self.is_global_zero else None
-        return hvd.broadcast_object(state, root_rank=0, name="easyfit.checkpoint")
+        return hvd.broadcast_object(state, root_rank=0, name="easyfit.saving.checkpoint")
 
     # --- data -----------------------------------------------------------------------
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from easyfit.data import interleave
+from easyfit.data.batches import interleave
+from easyfit.data.samplers import EvalSampler
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
@@ -27,8 +28,7 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
     stage_part,
 )
 from easyfit.distributed.strategy_parts.sharding import move_scheduler, optimizer_params, rebuild_optimizer
-from easyfit.precision import Precision
-from easyfit.samplers import EvalSampler
+from easyfit.parts.precision import Precision
 
 
 class PipelineStrategy(ParallelStrategy):

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from easyfit.batch_contents import move_to_device
-from easyfit.checkpoint import load_checkpoint_file
+from easyfit.data.contents import move_to_device
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.optimizers import align_state
-from easyfit.precision import Precision
-from easyfit.tensors import map_tensors
+from easyfit.parts.optimizers import align_state
+from easyfit.parts.precision import Precision
+from easyfit.saving.checkpoint import load_checkpoint_file
+from easyfit.utils.tensors import map_tensors
 
 #: the torch_xla release `pip install easyfit[xla]` installs; it pins torch to the same version
 TORCH_XLA_VERSION = "2.9.0"

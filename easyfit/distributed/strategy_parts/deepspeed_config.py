@@ -78,7 +78,7 @@ class DeepSpeedConfig:
         return zero
 
     def training(self, settings, num_params: int | None = None) -> dict:
-        """The config `deepspeed.initialize` gets for a fit with these `settings` (easyfit.loop.TrainingSettings)."""
+        """The config `deepspeed.initialize` gets for a fit with these `settings` (a loop.TrainingSettings)."""
         derived = {
             "train_micro_batch_size_per_gpu": settings.batch_size,
             "gradient_accumulation_steps": settings.gradient_accumulation_steps,

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from easyfit.data.explain import explain
 from easyfit.distributed.strategy_parts.pipeline_split import CheckpointedStage
-from easyfit.first_batch_explain import explain
 
 #: the "net" the loop's forward-and-loss runs on a micro-batch's outputs: the loss is all that is left to compute
 IDENTITY = nn.Identity()

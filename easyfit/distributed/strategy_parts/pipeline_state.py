@@ -2,7 +2,7 @@
 as the plain nn.Sequential's, optimizer state keyed by the index of each parameter in the user's optimizer."""
 from __future__ import annotations
 
-from easyfit.tensors import map_tensors
+from easyfit.utils.tensors import map_tensors
 
 
 def _on_cpu(obj):

@@ -27,7 +27,7 @@ import easyfit
 from easyfit.callbacks import ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategy_parts.sharding import rank_memory
-from easyfit.precision import cpu_supports_fp16
+from easyfit.parts.precision import cpu_supports_fp16
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net

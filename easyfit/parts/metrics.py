@@ -1,0 +1,239 @@
+"""Metrics by name, mapped to torchmetrics objects built on the first batch (task and classes inferred).
+
+Metric states are synchronised through the strategy's gather (torchmetrics' `dist_sync_fn`), so the values are
+exact on any number of processes, with or without a torch process group.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, OUTPUTS, output_kind
+from easyfit.utils.checks import closest_name
+
+
+class Task(NamedTuple):
+    """What the classification metrics were built for, and how each batch is brought to their form."""
+    name: str              # "binary", "multiclass", "multilabel", or "regression" (no classification metric)
+    classes: int           # classes (multiclass) or labels (multilabel); 2 for binary
+    outputs: str           # what the net's outputs are: one of OUTPUTS
+    one_hot_targets: bool  # multiclass targets given as one value per class (one-hot or probabilities): argmax
+
+    def prepare(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities in [0, 1] (so the metrics never guess whether they are logits) and class targets."""
+        if self.outputs == "logits":
+            output = output.softmax(-1) if self.name == "multiclass" else output.sigmoid()
+        elif self.outputs == "log_probabilities":
+            output = output.exp()
+        else:
+            output = output.clamp(0, 1)
+        if self.one_hot_targets:
+            target = target.argmax(-1)
+        elif self.name == "multilabel":
+            target = (target >= 0.5).long()
+        return output, target
+
+
+def _classification(metric_name: str, **extra) -> Callable:
+    def build(task: Task):
+        import torchmetrics
+        cls = getattr(torchmetrics, metric_name)
+        top_k = extra.get("top_k", 1)
+        if top_k > 1 and task.name != "multiclass":
+            raise ValueError(f"top{top_k}_accuracy needs a multiclass task (one output per class and class "
+                             f"targets); this is a {task.name} task with {task.classes if task.name != 'binary' else 1}"
+                             " output column(s). Use 'accuracy' instead.")
+        if top_k > task.classes:
+            raise ValueError(f"top{top_k}_accuracy needs a net with at least {top_k} outputs (one per class); "
+                             f"this one has {task.classes}. Use 'accuracy' instead.")
+        if task.name == "binary":
+            return cls(task="binary", **extra)
+        if task.name == "multilabel":   # accuracy over every (sample, label) pair; the others macro over labels
+            return cls(task="multilabel", num_labels=task.classes, **{"average": "micro", **extra})
+        return cls(task="multiclass", num_classes=task.classes, **extra)
+    build.classification = True
+    return build
+
+
+def _regression(metric_name: str, **extra) -> Callable:
+    def build(task: Task):
+        import torchmetrics
+        return getattr(torchmetrics, metric_name)(**extra)
+    build.classification = False
+    return build
+
+
+METRICS: dict[str, Callable] = {
+    "accuracy": _classification("Accuracy"),
+    "top5_accuracy": _classification("Accuracy", top_k=5),
+    "top3_accuracy": _classification("Accuracy", top_k=3),
+    "f1": _classification("F1Score", average="macro"),
+    "precision": _classification("Precision", average="macro"),
+    "recall": _classification("Recall", average="macro"),
+    "auroc": _classification("AUROC", average="macro"),
+    "mae": _regression("MeanAbsoluteError"),
+    "mse": _regression("MeanSquaredError"),
+    "rmse": _regression("MeanSquaredError", squared=False),
+    "r2": _regression("R2Score"),
+}
+ALIASES = {"acc": "accuracy", "top_5_accuracy": "top5_accuracy", "f1_score": "f1", "auc": "auroc",
+           "mean_absolute_error": "mae", "mean_squared_error": "mse"}
+
+
+def metric_key(name: str) -> str:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in METRICS:
+        raise ValueError(f"unknown metric {name!r}.{closest_name(key, list(METRICS) + list(ALIASES))} "
+                         f"Valid names: {', '.join(sorted(METRICS))}; or pass a torchmetrics.Metric object.")
+    return key
+
+
+def metric_names(metrics: Any) -> list[str] | dict[str, str]:
+    """The metrics given by name, as given (a list, or a dict of log name -> name): to rebuild them on load."""
+    if isinstance(metrics, dict):
+        return {name: metric for name, metric in metrics.items() if isinstance(metric, str)}
+    return [m for m in ([metrics] if isinstance(metrics, str) else metrics or []) if isinstance(m, str)]
+
+
+def snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+TASKS = ("binary", "multiclass", "multilabel", "regression")
+
+
+def infer_task(output: torch.Tensor, target: torch.Tensor, loss_fn: Any) -> Task:
+    """The classification task from the outputs, the targets and the loss (see docs/api.md, "Metric names")."""
+    outputs = output_kind(loss_fn) or ("probabilities" if _within_unit_interval(output) else "logits")
+    if output.dim() < 2 or output.shape[-1] == 1:
+        return Task("binary", 2, outputs, False)
+    columns = output.shape[-1]
+    if target.shape != output.shape:   # class indices
+        return Task("multiclass", columns, outputs, False)
+    if isinstance(loss_fn, CLASS_INDEX_LOSSES):   # class probabilities (one-hot or soft) as targets
+        return Task("multiclass", columns, outputs, True)
+    binary_values = bool(((target == 0) | (target == 1)).all())
+    if isinstance(loss_fn, BINARY_LOSSES) or (binary_values and not bool((target.sum(-1) == 1).all())):
+        return Task("multilabel", columns, outputs, False)
+    if binary_values or bool((target >= 0).all() & (target.sum(-1) - 1).abs().lt(1e-4).all()):
+        return Task("multiclass", columns, outputs, True)
+    raise ValueError(f"classification metrics need class targets: class indices, one-hot rows or 0/1 labels; "
+                     f"got {target.dtype} targets of shape {tuple(target.shape)} that are none of these. "
+                     "Use regression metrics ('mae', 'mse', 'r2') for these targets.")
+
+
+def _within_unit_interval(output: torch.Tensor) -> bool:
+    return bool(((output >= 0) & (output <= 1)).all())
+
+
+class MetricSet:
+    """The metrics of a Model: names and torchmetrics objects, updated per batch, computed per epoch."""
+
+    def __init__(self, metrics: Any, loss_fn: Any = None):
+        self.loss_fn = loss_fn   # tells whether the outputs are logits or probabilities, and the task
+        if metrics is None:
+            metrics = []
+        if isinstance(metrics, (str, torch.nn.Module)):
+            metrics = [metrics]
+        items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
+        self.pending: dict[str, str] = {}   # log name -> METRICS key, built on the first batch
+        self.metrics: dict[str, Any] = {}   # log name -> torchmetrics.Metric
+        self.names: list[str] = []   # log names in the order the metrics were given
+        for name, metric in items:
+            if isinstance(metric, str):
+                name = name or metric
+                self.pending[name] = metric_key(metric)
+            elif hasattr(metric, "update") and hasattr(metric, "compute") and hasattr(metric, "reset"):
+                name = name or snake_case(type(metric).__name__)
+                self.metrics[name] = metric
+            else:
+                raise TypeError(f"a metric must be a name or a torchmetrics.Metric; got {type(metric).__name__}")
+            self.names.append(name)
+        self.task: Task | None = None   # what the named metrics were built for
+        self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
+        self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are
+        self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        """Create the named metrics for this task, on the output's device (first batch only)."""
+        classification = [name for name, key in self.pending.items() if METRICS[key].classification]
+        task = infer_task(output, target, self.loss_fn) if classification else Task("regression", 0, OUTPUTS[0], False)
+        if task.name == "binary" and target.numel() and not bool(((target == 0) | (target == 1)).all()):
+            value = target[(target != 0) & (target != 1)].flatten()[0].item()
+            raise ValueError(f"the classification metrics {', '.join(map(repr, classification))} need 0/1 labels as "
+                             "targets of a one-column output, but the targets hold "
+                             f"{str(target.dtype).replace('torch.', '')} values such as {value:.4g}: a regression "
+                             "task? Use regression metrics ('mae', 'mse', 'rmse', 'r2') for such targets, or give "
+                             "class targets: 0/1 labels, or class indices with one output per class.")
+        self._build(task, output.device)
+
+    def _build(self, task: Task, device: torch.device) -> None:
+        self.task = task
+        for name, key in self.pending.items():
+            self.metrics[name] = METRICS[key](task)
+            (self.classified if METRICS[key].classification else self.raw).append(self.metrics[name])
+        self.pending = {}
+        for metric in self.metrics.values():
+            metric.to(device)
+
+    def share_task(self, strategy) -> None:
+        """Build the named metrics on a rank that saw no batch (e.g. an empty share of a tiny evaluation set) with
+        the task another rank inferred, so that every rank computes, and so synchronises, the same metrics.
+        Call it on every rank before the first multi-process `compute`: one collective, that first time only."""
+        if self.task_shared:
+            return
+        task = self.task
+        device = strategy.root_device
+        encoded = (torch.tensor([[TASKS.index(task.name), task.classes, OUTPUTS.index(task.outputs),
+                                  task.one_hot_targets]], dtype=torch.long, device=device) if task
+                   else torch.empty(0, 4, dtype=torch.long, device=device))
+        known = [part for part in strategy.all_gather(encoded) if len(part)]
+        if self.pending and known:
+            name, classes, outputs, one_hot = known[0][0].tolist()
+            self._build(Task(TASKS[name], classes, OUTPUTS[outputs], bool(one_hot)), strategy.root_device)
+        self.task_shared = True
+
+    def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        if self.pending:
+            self.build(output, target)
+        output = output.detach()
+        if output.dim() == target.dim() + 1 and output.shape[-1] == 1:
+            output = output.squeeze(-1)
+        for metric in self.raw:
+            metric.update(output, target)
+        if self.classified:
+            output, target = self.task.prepare(output, target)
+            for metric in self.classified:
+                metric.update(output, target)
+
+    def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:
+        """Epoch values; with a `sync_fn` (the strategy's gather), over all processes, every rank taking part even
+        if it saw no batch. Without it, the values stay local even while a process group is open."""
+        values = {}
+        for name, metric in self.metrics.items():
+            if sync_fn is not None or metric.update_called:
+                metric.dist_sync_fn = sync_fn
+                metric.distributed_available_fn = _always if sync_fn is not None else _never
+                with warnings.catch_warnings():
+                    if not metric.update_called:   # this rank saw no batch, the others did: not worth a warning
+                        warnings.simplefilter("ignore")
+                    values[name] = float(metric.compute())
+        return values
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False

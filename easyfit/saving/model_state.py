@@ -1,0 +1,69 @@
+"""A Model's whole training state as one checkpoint dict, loading it back (to resume exactly), and the Model
+arguments a saved checkpoint names."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from easyfit.parts.lr_scaling import rescale_learning_rates
+from easyfit.parts.optimizers import grouped_parameters, optimizer_factory
+from easyfit.saving.resume import EpochPosition
+
+
+def checkpoint_state(model) -> dict:
+    """Everything needed to resume training exactly."""
+    strategy, objects = model._state_owner()
+    return {
+        "spec": model.spec,
+        "net": strategy.module_state(objects.net),
+        "optimizer": strategy.optimizer_state(objects.optimizer),
+        "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
+        "scaler": model._precision.state_dict(),
+        "epoch": model.completed_epochs,
+        "position": model.position.state_dict(),
+        "lr_multiplier": model._lr_multiplier,
+        "history": model.history.state_dict(),
+        "callbacks": model._callbacks.state_dict(),
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+    }
+
+
+def restore(model, state: dict, training: bool = False) -> None:
+    """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
+    strategy, objects = model._state_owner(loading=True)
+    strategy.load_module_state(objects.net, state["net"])
+    strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
+    if objects.scheduler is not None and state.get("scheduler") is not None:
+        objects.scheduler.load_state_dict(state["scheduler"])
+    # the checkpoint's LRs carry the scaling of the run that saved it; bring them to this run's
+    rescale_learning_rates(objects.optimizer, objects.scheduler,
+                           model._lr_multiplier / state.get("lr_multiplier", 1.0))
+    model.completed_epochs = state["epoch"]
+    model.history.load_state_dict(state["history"])
+    if training:
+        model._precision.load_state_dict(state["scaler"])
+        model._callbacks.load_state_dict(state["callbacks"])
+        model.position = EpochPosition.from_state(state.get("position"))
+        torch.set_rng_state(state["rng"].cpu())
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(device_state.cpu(), index)
+
+
+def saved_arguments(state: dict, path, net, loss, optimizer, metrics, keywords: dict) -> tuple[tuple, dict]:
+    """(loss, optimizer, metrics), Model's keyword arguments: those given, else those the checkpoint names."""
+    spec = state.get("spec", {})
+    if loss is None and spec.get("loss") is None:
+        raise ValueError(f"{os.fspath(path)!r} was saved with a loss easyfit has no name for (an object or a "
+                         "function); pass the same loss to Model.load(..., loss=...)")
+    if optimizer is None and spec.get("optimizer") is None:
+        raise ValueError(f"{os.fspath(path)!r} was saved with an optimizer easyfit has no name for; "
+                         "pass the same kind to Model.load(..., optimizer=...) to restore its state")
+    if optimizer is None and spec.get("param_groups"):   # rebuilt in the saved groups; their settings load next
+        optimizer = optimizer_factory(spec["optimizer"])(grouped_parameters(net, spec["param_groups"]))
+    lr = keywords.pop("lr", spec.get("lr") if optimizer is None else None)
+    arguments = (loss if loss is not None else spec["loss"], optimizer if optimizer is not None else spec["optimizer"],
+                 metrics if metrics is not None else spec.get("metrics"))
+    return arguments, {"lr": lr, **keywords}

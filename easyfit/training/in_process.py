@@ -1,0 +1,181 @@
+"""What a fit, evaluate or predict call does in one process (on every rank): build the batches, let the strategy
+set up the training objects, run the loop, and hand the trained state back. `Model` dispatches a call here, in this
+process or through the strategy's launcher in every rank; the functions take the Model they run for."""
+from __future__ import annotations
+
+import torch
+
+from easyfit.callbacks.backup_and_restore import backup_to_resume
+from easyfit.callbacks.base import Callback, CallbackList
+from easyfit.callbacks.history import History
+from easyfit.callbacks.progress import progress_callbacks
+from easyfit.data.batches import batch_count, make_batches, split_validation
+from easyfit.data.steps import limit_steps
+from easyfit.data.weights import validation_weight, weigh_batches
+from easyfit.distributed.strategies.base import Strategy
+from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
+from easyfit.saving import fault_tolerance
+from easyfit.saving.resume import EpochPosition
+from easyfit.training.first_batch import prepare, prepare_fit_data
+from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
+from easyfit.training.options import FitOptions, RunOptions
+
+
+def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History:
+    """Train `model` on (x, y) under its strategy; every rank ends with the trained state (hand_back)."""
+    strategy, precision = model.strategy, model._precision
+    validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
+    if options.validation_split:
+        if validation_data is not None:
+            raise ValueError("pass either validation_data or validation_split, not both")
+        (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
+    train = make_batches(x, y, batch_size=options.batch_size, strategy=strategy, train=True,
+                         shuffle=options.shuffle, seed=options.seed, num_workers=run.num_workers,
+                         replace_sampler=run.replace_sampler, float_dtype=precision.float_dtype)
+    val = None
+    if validation_data is not None:
+        val = make_batches(*_as_pair(validation_data),
+                           batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
+                           train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                           float_dtype=precision.float_dtype)
+    loss_fn = weighted_loss = model.loss_fn
+    if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
+        train, val, weighted_loss = weigh_batches(loss_fn, train, val, options.sample_weight,
+                                                  options.class_weight, val_weight, bool(options.validation_split))
+    train = limit_steps(train, options.steps_per_epoch, "training")
+    val = None if val is None else limit_steps(val, options.validation_steps, "validation")
+    precision.convert_module(model.net)
+    settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
+                                options.gradient_clip_val, model.scheduler_interval, precision.name)
+    strategy.configure_training(settings)
+    user_optimizer, user_scheduler = model.optimizer, model.scheduler
+    objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler))
+    # from here until the fit ends, Model and the callbacks use what the strategy returned
+    model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
+    model.loss_fn = weighted_loss   # the loop computes this fit's loss (weighted when weights were given)
+    try:
+        train_epochs(model, options, train, val, settings, objects)
+    finally:
+        model._training, model.optimizer, model.scheduler = None, user_optimizer, user_scheduler
+        model.loss_fn = loss_fn
+    strategy.hand_back(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
+    return model.history
+
+
+def train_epochs(model, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
+    """The epochs of a fit, with LR scaling, a resumed or fault-tolerance checkpoint, warmup and the callbacks."""
+    strategy, optimizer = model.strategy, objects.optimizer
+    multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
+    with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
+        model._lr_multiplier = multiplier
+        model.history = History()
+        params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train))
+        initial_epoch = options.initial_epoch
+        run = fault_tolerance.plan(options.fault_tolerance,
+                                   options.max_restarts if strategy.launcher is not None else 0, strategy)
+        callbacks = model._callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, run)
+        resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
+        state = None if resume_from is None else strategy.load_checkpoint(resume_from)
+        if state is not None:
+            model.restore(state, training=True)
+            model.history.set_params(params)   # this fit's settings, not those of the fit that saved
+            initial_epoch = model.completed_epochs
+        if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
+            fault_tolerance.begin(model, run, state, options, params, initial_epoch)
+        warmup = warmup_for(options, train, optimizer, multiplier, initial_epoch, model.position)
+        if options.verbose and strategy.is_global_zero:
+            print(params["summary"])
+        model.stop_training = False
+        prepare_fit_data(model, objects.net, train, val)   # after a resume: a bad checkpoint runs no forward
+        try:
+            Loop(model, strategy, callbacks, objects, settings, warmup).fit(
+                train, val, options.epochs, initial_epoch, options.validation_freq)
+        finally:
+            model._lr_multiplier = 1.0
+
+
+def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
+                  run: fault_tolerance.Run | None = None) -> CallbackList:
+    """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
+    display = progress_callbacks(options.verbose, is_global_zero)
+    tolerance = [] if run is None else [fault_tolerance.FaultToleranceCheckpoint(
+        run, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
+    return CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
+
+
+def warmup_for(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
+               position: EpochPosition) -> Warmup | None:
+    """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
+    if not options.lr_warmup_epochs:
+        return None
+    num_batches = batch_count(train)
+    if num_batches is None:
+        raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
+                         "this data has no length")
+    accumulate = options.gradient_accumulation_steps
+    steps_per_epoch = -(-num_batches // accumulate)   # a short last window steps too
+    return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
+                  steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
+
+
+def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
+               steps_per_epoch: int | None) -> dict:
+    return {
+        "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
+        "validation_freq": options.validation_freq,
+        "validation": options.validation_data is not None or bool(options.validation_split),
+        "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
+        "effective_batch_size": options.batch_size * strategy.batch_factor,
+        "steps_per_epoch": steps_per_epoch,
+        "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
+        "strategy": strategy.name, "precision": model._precision.name,
+        "summary": describe(options.batch_size, strategy, options.lr_scaling, optimizer, multiplier),
+    }
+
+
+def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
+    strategy = model.strategy
+    model._precision.convert_module(model.net)
+    display = progress_callbacks(verbose, strategy.is_global_zero)
+    callback_list = CallbackList([*display, *callbacks], model, {"verbose": verbose})
+    return Loop(model, strategy, callback_list, TrainingObjects(model.net))
+
+
+def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
+    batches = make_batches(x, y, batch_size=batch_size, strategy=model.strategy, train=False,
+                           num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                           float_dtype=model._precision.float_dtype)
+    loop = eval_loop(model, verbose, callbacks)
+    prepare(model, model.strategy.module_for_eval(model.net), batches, "the evaluation data")
+    return loop.evaluate(batches)
+
+
+def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
+    strategy = model.strategy
+    batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
+                           num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                           float_dtype=model._precision.float_dtype)
+    loop = eval_loop(model, verbose, callbacks)
+    prepare(model, model.strategy.module_for_eval(model.net), batches, "the data", targets=False)
+    outputs = loop.predict(batches)
+    tensors = all(isinstance(output, torch.Tensor) for output in outputs)
+    if strategy.world_size == 1 or not getattr(batches, "sharded", False):
+        return torch.cat(outputs) if outputs and tensors else outputs
+    if not tensors:
+        raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "
+                        f"{type(next(o for o in outputs if not isinstance(o, torch.Tensor))).__name__}; "
+                        "predict with strategy='single' (or devices=1) instead")
+    local = torch.cat(outputs) if outputs else torch.empty(0, device=strategy.root_device)
+    return strategy.gather_outputs(local)
+
+
+def _as_pair(validation_data) -> tuple:
+    """validation_data as (x, y): a 2-tuple of arrays, or a dataset / loader with y=None."""
+    if isinstance(validation_data, tuple) and len(validation_data) == 2:
+        return validation_data
+    return validation_data, None
+
+
+
+#: what `Model` dispatches, by the call's name
+CALLS = {"fit": fit_in_process, "evaluate": evaluate_in_process, "predict": predict_in_process}

@@ -1,0 +1,366 @@
+"""The epoch / step loop. Backend-blind: every backend-specific act goes through the Strategy."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from easyfit.callbacks.base import CallbackList
+from easyfit.data.batches import batch_count, peek_first_batch
+from easyfit.data.contents import batch_length, split_batch
+from easyfit.data.predict_inputs import PredictInputs
+from easyfit.parts.metrics import MetricSet
+from easyfit.parts.precision import Precision
+from easyfit.training.lockstep import in_lockstep
+from easyfit.utils.tensors import map_tensors
+
+#: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
+SYNC = contextlib.nullcontext()
+
+
+@dataclass
+class TrainingSettings:
+    """How fit trains; the strategy sees them before `setup` (`Strategy.configure_training`)."""
+    batch_size: int = 32
+    gradient_accumulation_steps: int = 1
+    gradient_clip_val: float | None = None
+    scheduler_interval: str = "epoch"
+    precision: str = "32"
+
+
+@dataclass
+class TrainingObjects:
+    """The net, optimizer and scheduler a strategy's `setup` returned: what trains until the fit ends."""
+    net: torch.nn.Module
+    optimizer: Any = None
+    scheduler: Any = None
+
+
+class LossTracker:
+    """Sample-weighted mean loss of an epoch, kept as tensors so the step never waits on `.item()`."""
+
+    FOLD_EVERY = 1024
+
+    def __init__(self, fold_every: int = FOLD_EVERY):
+        self.fold_every = fold_every
+        self.losses: list[torch.Tensor] = []
+        self.sizes: list[int] = []
+        self.folded_sum: torch.Tensor | float = 0.0
+        self.folded_count = 0
+
+    def add(self, loss: torch.Tensor, size: int) -> None:
+        self.losses.append(loss)
+        self.sizes.append(size)
+        if len(self.losses) >= self.fold_every:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.losses:
+            sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.losses[0].device)
+            self.folded_sum = self.folded_sum + (torch.stack(self.losses).double() * sizes).sum()
+            self.folded_count += sum(self.sizes)
+            self.losses, self.sizes = [], []
+
+    def totals(self) -> tuple[torch.Tensor, int]:
+        self._fold()
+        return torch.as_tensor(self.folded_sum, dtype=torch.float64), self.folded_count
+
+    def local_mean(self) -> float:
+        total, count = self.totals()
+        return float(total) / max(count, 1)
+
+    def global_totals(self, strategy) -> tuple[float, int]:
+        """(loss sum, sample count) over every process: one collective on `strategy.root_device`, whatever device
+        the losses were computed on, and one read back to the host for both numbers."""
+        total, count = self.totals()
+        device = strategy.root_device
+        count = torch.tensor(float(count), dtype=torch.float64, device=device)
+        summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
+        return summed, int(seen)
+
+    def global_mean(self, strategy) -> float:
+        """The mean over every sample seen by every process."""
+        summed, seen = self.global_totals(strategy)
+        if not seen:
+            raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
+        return summed / seen
+
+
+class BatchLogs(Mapping):
+    """Per-batch logs for callbacks: {"loss", "batch_loss", "size"}, computed only when read."""
+
+    def __init__(self, tracker: LossTracker, loss: torch.Tensor, size: int):
+        self.tracker, self.loss, self.size = tracker, loss, size
+
+    def __getitem__(self, key):
+        if key == "batch_loss":
+            return float(self.loss)
+        if key == "size":
+            return self.size
+        if key == "loss":
+            return self.tracker.local_mean()
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(("loss", "batch_loss", "size"))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def call_net(net: Callable, inputs: Any):
+    if isinstance(inputs, tuple):
+        return net(*inputs)
+    if isinstance(inputs, dict):
+        return net(**inputs)
+    return net(inputs)
+
+
+class Loop:
+    """Runs epochs of training, evaluation and prediction for one process."""
+
+    def __init__(self, model, strategy, callbacks: CallbackList, objects: TrainingObjects,
+                 settings: TrainingSettings | None = None, warmup=None):
+        self.model, self.strategy, self.callbacks = model, strategy, callbacks
+        self.net, self.optimizer, self.scheduler = objects.net, objects.optimizer, objects.scheduler
+        self.precision: Precision = model.precision
+        self.metrics: MetricSet = model.metrics
+        self.settings = settings or TrainingSettings()
+        self.warmup = warmup
+        self.loss_fn = model.loss_fn
+        self.batches_checked = False
+        self.train_batches = None
+        self.optimizer_steps = 0
+        self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
+        self.compiled_optimizer_step = None if self.optimizer is None else \
+            self.steps.optimizer_step(self.optimizer, self.precision, strategy)
+
+    # --- training -------------------------------------------------------------------
+    def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
+            validation_freq: int = 1) -> None:
+        callbacks, model = self.callbacks, self.model
+        self.train_batches = train_batches
+        callbacks.call("on_train_begin", None)
+        for epoch in range(initial_epoch, epochs):
+            train_batches.set_epoch(epoch)
+            begin_logs: dict[str, float] = {}   # values a callback records for this epoch (e.g. "lr")
+            callbacks.call("on_epoch_begin", epoch, begin_logs)
+            logs = self.train_epoch(train_batches, epoch)
+            if val_batches is not None and (epoch + 1) % validation_freq == 0:
+                logs.update({f"val_{key}": value for key, value in self.evaluate(val_batches).items()})
+            logs.update(begin_logs)
+            self._step_scheduler_per_epoch(logs, "val_loss" if val_batches is not None else "loss")
+            model.completed_epochs = epoch + 1
+            model.position.end()
+            callbacks.call("on_epoch_end", epoch, logs)
+            if self._agreed_to_stop():
+                break
+        callbacks.call("on_train_end", None)
+
+    def train_epoch(self, batches, epoch: int = 0) -> dict[str, float]:
+        net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
+        callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
+        accumulate = self.settings.gradient_accumulation_steps
+        divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
+        batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
+        has_metrics = bool(metrics)
+        tracker = self._loss_tracker()
+        num_batches = batch_count(batches)
+        # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
+        # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
+        uneven = num_batches is None and strategy.world_size > 1
+        agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
+        self._check_even_batches(num_batches)
+        position, forward_loss = model.position, self.steps.step("train")
+        remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
+        net.train()
+        metrics.reset()
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, loss_fn, None)
+        with strategy.uneven_inputs(net) if uneven else SYNC:
+            for step, batch in enumerate(strategy.feed(remaining), first):
+                if batch_begin:
+                    callbacks.call("on_train_batch_begin", step, None)
+                inputs, target = split_batch(precision.convert_input(batch))
+                boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
+                with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
+                    if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
+                        strategy.zero_grad(optimizer)
+                    run = plain if first_step is None else _runner(forward_loss, loss_fn, first_step)
+                    output, target, loss = strategy.training_step(net, inputs, target, run, precision, divisor)
+                    if first_step is not None:   # the checks of the first batch ran in its real step
+                        first_step = batches.first_step = None
+                if boundary:
+                    self._optimizer_step()
+                elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
+                    strategy.optimizer_step(optimizer, precision)
+                position.batches_done = step + 1
+                loss = loss.detach()
+                size = batch_length(target if target is not None else inputs)
+                tracker.add(loss, size)
+                if has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
+                    metrics.update(output, target)
+                if batch_end:
+                    callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
+                if self._agreed_to_stop() if agree_per_step else model.stop_training:
+                    break
+        if tracker.folded_count == 0 and not tracker.losses:
+            raise ValueError("the training data yielded no batches; pass at least one sample")
+        if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
+            self._optimizer_step()
+        return self._epoch_logs(tracker)
+
+    def _loss_tracker(self) -> LossTracker:
+        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
+
+    def _agreed_to_stop(self) -> bool:
+        """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""
+        model = self.model
+        model.stop_training = self.strategy.any_rank(model.stop_training)
+        return model.stop_training
+
+    def _check_even_batches(self, num_batches: int | None) -> None:
+        """Ranks with different numbers of batches would wait for each other in a step that never comes: compare
+        the counts once (when known) and say what differs."""
+        strategy = self.strategy
+        if self.batches_checked or strategy.world_size == 1 or num_batches is None:
+            return
+        counts = [int(count) for count in strategy.all_gather(
+            torch.tensor([num_batches], device=strategy.root_device))]
+        self.batches_checked = True
+        if len(set(counts)) > 1:
+            per_rank = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
+            raise ValueError(f"the ranks have different numbers of training batches per epoch ({per_rank}), so "
+                             "they would wait for each other in a step that never comes. Pass the same data on "
+                             "every rank (easyfit gives each rank its share), or give every rank's own data the "
+                             "same length.")
+
+    def _epoch_logs(self, tracker: LossTracker) -> dict[str, float]:
+        """The epoch's loss and metrics over every process; each rank joins the same collectives, even one whose
+        share of the data was empty."""
+        strategy, metrics = self.strategy, self.metrics
+        logs = {"loss": tracker.global_mean(strategy)}
+        sync = strategy.world_size > 1
+        if sync:
+            metrics.share_task(strategy)
+        logs.update(metrics.compute(strategy.metric_sync_fn() if sync else None))
+        return logs
+
+    def _optimizer_step(self) -> None:
+        settings, optimizer = self.settings, self.optimizer
+        if self.warmup is not None:
+            self.warmup.apply(self.optimizer_steps)
+        strategy = self.strategy
+        if settings.gradient_clip_val is not None and not strategy.handles_clipping:
+            strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
+        if self.compiled_optimizer_step is not None:
+            self.compiled_optimizer_step()
+        else:
+            strategy.optimizer_step(optimizer, self.precision)
+        self.optimizer_steps += 1
+        if self.scheduler is not None and settings.scheduler_interval == "step":
+            self.scheduler.step()
+
+    def _step_scheduler_per_epoch(self, logs: dict, plateau_key: str) -> None:
+        """Step the scheduler; ReduceLROnPlateau always reads `plateau_key`, and waits out epochs without it
+        (no validation that epoch with validation_freq > 1)."""
+        if self.scheduler is None or self.settings.scheduler_interval != "epoch":
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if plateau_key in logs:
+                self.scheduler.step(logs[plateau_key])
+        else:
+            self.scheduler.step()
+
+    # --- evaluation and prediction --------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batches) -> dict[str, float]:
+        """Loss and metrics over every sample exactly once, summed over all processes."""
+        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
+        metrics, forward_loss = self.metrics, self.steps.step("evaluate")
+        batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
+        metrics.reset()
+        tracker = self._loss_tracker()
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, self.loss_fn, None)
+        with _eval_mode(net):
+            callbacks.call("on_test_begin", None)
+            for step, (batch, counted) in enumerate(self._eval_batches(batches)):
+                if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
+                    with precision.autocast():
+                        call_net(net, split_batch(precision.convert_input(batch))[0])
+                    continue
+                if batch_begin:
+                    callbacks.call("on_test_batch_begin", step, None)
+                inputs, target = split_batch(precision.convert_input(batch))
+                run = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
+                output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
+                if first_step is not None:   # the checks of the first batch ran in its real step
+                    first_step = batches.first_step = None
+                size = batch_length(target)
+                tracker.add(loss.detach(), size)
+                if metrics and output is not None:
+                    metrics.update(output, target)
+                if batch_end:
+                    callbacks.call("on_test_batch_end", step, BatchLogs(tracker, loss, size))
+            logs = self._epoch_logs(tracker)
+            callbacks.call("on_test_end", logs)
+        return logs
+
+    def _eval_batches(self, batches):
+        """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.training.lockstep)."""
+        if not self.strategy.forward_in_lockstep(self.net):
+            return ((batch, True) for batch in self.strategy.feed(batches))
+        return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
+
+    @torch.no_grad()
+    def predict(self, batches) -> list:
+        """This process's outputs, batch by batch, moved to the CPU."""
+        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
+        outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
+        first_step, plain = getattr(batches, "first_step", None), _runner(forward, None, None)
+        with _eval_mode(net):
+            callbacks.call("on_predict_begin", None)
+            for step, batch in enumerate(self.strategy.feed(batches)):
+                callbacks.call("on_predict_batch_begin", step, None)
+                inputs = to_inputs(precision.convert_input(batch))
+                run = plain if first_step is None else _runner(forward, None, first_step)
+                output = self.strategy.evaluation_step(net, inputs, None, run, precision)[0]
+                if first_step is not None:
+                    first_step = batches.first_step = None
+                if output is not None:   # None: this rank holds no outputs (see evaluation_step)
+                    outputs.append(_to_cpu(output))
+                callbacks.call("on_predict_batch_end", step, {"outputs": output})
+            callbacks.call("on_predict_end", None)
+        return outputs
+
+
+def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:
+    """run(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
+    loss without `loss_fn`), the first batch's through its `FirstStep` (the checks, and the target as the loss
+    takes it). The strategy's training_step / evaluation_step calls it."""
+    if first_step is not None:
+        if loss_fn is None:
+            return lambda net, inputs, target: (first_step.forward(net, inputs), target, None)
+        return lambda net, inputs, target: first_step.run(net, inputs, target, loss_fn)
+
+    def run(net, inputs, target):
+        output, loss = forward_loss(net, loss_fn, inputs, target)
+        return output, target, loss
+    return run
+
+
+@contextlib.contextmanager
+def _eval_mode(net: torch.nn.Module):
+    """The net in eval mode inside the block; its previous mode back after it, even when the block raised."""
+    was_training = net.training
+    net.eval()
+    try:
+        yield
+    finally:
+        net.train(was_training)
+
+
+def _to_cpu(output):
+    return map_tensors(lambda tensor: tensor.detach().cpu(), output)

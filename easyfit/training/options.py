@@ -1,0 +1,148 @@
+"""The options of fit / evaluate / predict: which keyword goes where, and fit's checks before any work."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from easyfit.callbacks.base import callback_list
+from easyfit.parts.lr_scaling import lr_multiplier
+from easyfit.utils.checks import (
+    check_positive_int,
+    check_positive_number,
+    check_verbose,
+    closest_name,
+    validation_tuple,
+)
+
+
+@dataclass
+class RunOptions:
+    """Where and how a fit / evaluate / predict call runs (accepted by all three)."""
+    devices: Any = "auto"
+    accelerator: str = "auto"
+    auto_select_gpus: bool = False
+    strategy: Any = "auto"
+    num_nodes: int = 1
+    process_group_backend: str | None = None
+    precision: Any = None   # None: as in the previous call ("32" at first)
+    num_workers: int = 0
+    replace_sampler: bool = True
+    compile: Any = False   # True, a torch.compile mode or a dict of its options: see easyfit.training.compiling
+
+
+@dataclass
+class FitOptions:
+    """What fit accepts besides the run options; docs/api.md describes each."""
+    epochs: int = 1
+    batch_size: int = 32
+    validation_data: Any = None
+    validation_split: float = 0.0
+    validation_batch_size: int | None = None
+    validation_freq: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    verbose: int | str = "auto"
+    callbacks: Any = None   # a list after check_fit_options
+    initial_epoch: int = 0
+    resume_from: str | None = None
+    gradient_accumulation_steps: int = 1
+    gradient_clip_val: float | None = None
+    lr_scaling: str | None = "linear"
+    lr_warmup_epochs: int = 0
+    sample_weight: Any = None
+    class_weight: dict | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    max_restarts: int | None = None   # None: as easyfit.launch(max_restarts=...) said, else 0
+    fault_tolerance: Any = None       # None: on under a launcher that restarts ranks; False: off; a folder
+    fault_tolerance_every_n_steps: int | None = None
+
+
+RUN_OPTIONS_DOC = """
+        Run options (every call takes them; where it runs and how):
+            devices: a count (on a CPU: processes), -1 for all, a list of ids, "auto" (default) or "auto_select".
+            accelerator: "auto" (default: CUDA, then MPS, then the CPU), "cpu", "gpu" / "cuda", "mps" or "tpu".
+            strategy: "auto" (default), a name ("ddp", "fsdp", "deepspeed", "pipeline", ...) or a Strategy object.
+            num_nodes: machines taking part; `devices` is per machine (default 1).
+            precision: "32", "64", "bf16-mixed" or "16-mixed"; None (default): as the previous call ("32" at first).
+            compile: True, a torch.compile mode or a dict of its options: compile the step (default False).
+            auto_select_gpus: take the first `devices` GPUs that accept work, not the first ones (default False).
+            process_group_backend: "nccl", "gloo", ...; None (default): nccl on CUDA, gloo otherwise.
+            num_workers: DataLoader workers for in-memory data and datasets (default 0).
+            replace_sampler: give a DataLoader's own sampler each process's share (default True).
+"""
+
+
+def run_options_documented(method):
+    """Add the run options to a call's docstring, so that help() lists every argument."""
+    method.__doc__ = (method.__doc__ or "").rstrip() + "\n" + RUN_OPTIONS_DOC
+    return method
+
+
+def call_options(arguments: dict, *option_types) -> list:
+    """The options dataclasses of a call, from its arguments (its `locals()`, whose `unknown` holds the keywords its
+    signature does not name: refused by name, with the closest valid one)."""
+    unknown = sorted(arguments.get("unknown", {}))
+    if unknown:
+        known = [name for name in arguments if name not in ("self", "unknown")]
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
+                        f"Valid ones: {', '.join(sorted(known))}.")
+    return [option_type(**{f.name: arguments[f.name] for f in fields(option_type)}) for option_type in option_types]
+
+
+def split_options(kwargs: dict, *option_types) -> list:
+    """Build each options dataclass from the keyword arguments it knows; reject the rest by name."""
+    known = {f.name for option_type in option_types for f in fields(option_type)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
+                        f"Valid ones: {', '.join(sorted(known))}.")
+    return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
+            for option_type in option_types]
+
+
+def as_keywords(options) -> dict:
+    """An options dataclass as keyword arguments (its values themselves, not copies)."""
+    return {f.name: getattr(options, f.name) for f in fields(options)}
+
+
+def check_fit_options(options: FitOptions) -> None:
+    """Raise, before any training work, on a fit option that is out of range, saying what is accepted."""
+    check_positive_int(options.batch_size, "batch_size")
+    if not (type(options.epochs) is int and options.epochs == 0):   # 0 trains nothing: an empty History
+        check_positive_int(options.epochs, "epochs", "a non-negative integer")
+    for name in ("steps_per_epoch", "validation_steps"):
+        if getattr(options, name) is not None:
+            check_positive_int(getattr(options, name), name, "a positive integer or None")
+    check_positive_int(options.gradient_accumulation_steps, "gradient_accumulation_steps")
+    if options.gradient_clip_val is not None:   # 0 would freeze training, a negative value reverse it
+        check_positive_number(options.gradient_clip_val, "gradient_clip_val",
+                              "a positive number (the largest total gradient norm), or None for no clipping")
+    lr_multiplier(options.lr_scaling, 1)
+    check_fault_tolerance(options)
+    check_fit_arguments(options)
+
+
+def check_fault_tolerance(options: FitOptions) -> None:
+    """max_restarts, fault_tolerance and fault_tolerance_every_n_steps (docs/fault-tolerance.md)."""
+    if options.max_restarts is not None and not (type(options.max_restarts) is int and options.max_restarts >= 0):
+        raise ValueError(f"max_restarts must be a non-negative integer (how often easyfit's launcher restarts the "
+                         f"ranks after a failure), got {options.max_restarts!r}")
+    if options.fault_tolerance_every_n_steps is not None:
+        check_positive_int(options.fault_tolerance_every_n_steps, "fault_tolerance_every_n_steps",
+                           "a positive number of optimizer steps, or None (a checkpoint at each epoch end only)")
+    option = options.fault_tolerance
+    if option not in (None, True, False) and not isinstance(option, (str, os.PathLike)):
+        raise TypeError(f"fault_tolerance must be False (off), True / None (on under a launcher that restarts "
+                        f"ranks) or the folder of its checkpoints, got {type(option).__name__}")
+
+
+def check_fit_arguments(options) -> None:
+    """Check fit's options (a FitOptions) and bring the forms Keras accepts to the one easyfit uses."""
+    check_positive_int(options.validation_freq, "validation_freq")
+    check_verbose(options.verbose)
+    if not isinstance(options.shuffle, bool):
+        raise TypeError(f"shuffle must be True or False, got {options.shuffle!r}")
+    options.callbacks = callback_list(options.callbacks)
+    options.validation_data = validation_tuple(options.validation_data)

@@ -1,0 +1,92 @@
+"""A Keras-like table of a net's layers: module path, type, output shape and parameter count."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from easyfit.data.batches import as_tensor
+from easyfit.data.contents import move_to_device
+from easyfit.training.loop import call_net
+
+HEADERS = ("Layer (module path)", "Type", "Output shape", "Param #")
+
+
+def summarize(net: nn.Module, input_example: Any = None) -> str:
+    """The table as text. Rows are the leaf modules (and any module holding parameters of its own).
+
+    Output shapes are shown when `input_example` is given (a tensor, a tuple of positional inputs, or a dict of
+    keyword inputs): it is run through the net once, in eval mode without gradients; otherwise they show "?".
+    """
+    layers = [(name or "(net)", module) for name, module in net.named_modules()
+              if next(module.children(), None) is None or next(module.parameters(recurse=False), None) is not None]
+    shapes = _output_shapes(net, [module for _, module in layers], input_example) if input_example is not None else {}
+    rows = [(name, type(module).__name__, shapes.get(id(module), "?"),
+             f"{sum(p.numel() for p in module.parameters(recurse=False)):,}") for name, module in layers]
+    params = list(net.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return "\n".join([f"Model: {type(net).__name__}", *_table(rows),
+                      f"Total params: {total:,}", f"Trainable params: {trainable:,}",
+                      f"Non-trainable params: {total - trainable:,}"])
+
+
+def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    widths = [max(len(row[column]) for row in (HEADERS, *rows)) for column in range(len(HEADERS))]
+
+    def line(cells) -> str:
+        *left, count = cells
+        return "  ".join([*(cell.ljust(width) for cell, width in zip(left, widths)), count.rjust(widths[-1])])
+
+    rule = "=" * len(line(HEADERS))
+    return [rule, line(HEADERS), rule, *(line(row) for row in rows), rule]
+
+
+def _output_shapes(net: nn.Module, modules: list[nn.Module], input_example: Any) -> dict[int, str]:
+    """id(module) -> the shape of its output on its first call during one forward pass of `input_example`."""
+    shapes: dict[int, str] = {}
+
+    def record(module, args, output) -> None:
+        shapes.setdefault(id(module), _describe(output))
+
+    handles = [module.register_forward_hook(record) for module in modules]
+    was_training = net.training
+    device = next(net.parameters(), torch.empty(0)).device
+    try:
+        net.eval()
+        with torch.no_grad():
+            call_net(net, move_to_device(_as_tensors(input_example, net), device))
+    finally:
+        net.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return shapes
+
+
+def _as_tensors(example: Any, net: nn.Module) -> Any:
+    """numpy arrays (alone, in a tuple or list, or as dict values) as tensors, floats in the net's float dtype:
+    summary takes what fit takes."""
+    dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.get_default_dtype())
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) or not hasattr(value, "__array__"):
+            return value
+        tensor = as_tensor(value, "input_example", dtype)
+        return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    if isinstance(example, (tuple, list)):
+        return type(example)(convert(item) for item in example)
+    if isinstance(example, dict):
+        return {key: convert(value) for key, value in example.items()}
+    return convert(example)
+
+
+def _describe(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return str(tuple(output.shape))
+    if isinstance(output, (tuple, list)):
+        return f"[{', '.join(_describe(item) for item in output)}]"
+    if isinstance(output, dict):
+        return "{" + ", ".join(f"{key}: {_describe(value)}" for key, value in output.items()) + "}"
+    return type(output).__name__

@@ -1,0 +1,6 @@
+"""The bottom layer: helpers every other layer may use, importing nothing of easyfit's.
+
+- `tensors`: one walk over nested tuples, lists and dicts of tensors.
+- `checks`: argument checks of the public calls, each naming what was wrong and how to fix it.
+- `plotting`: training curves from a History.
+"""

@@ -1,0 +1,105 @@
+"""Every tensor easyfit creates gets its device from the strategy. On a CUDA run a CPU tensor beside a CUDA one
+fails (`Expected all tensors to be on the same device`), and NCCL refuses a CPU tensor in a collective even at world
+size 1; on the CPU both pass silently. These tests catch that class of defect without a GPU: a static check of every
+tensor factory call, and the meta device standing in for "a device that is not the CPU"."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import torch
+
+import easyfit
+from easyfit.training.loop import LossTracker
+
+PACKAGE = pathlib.Path(easyfit.__file__).parent
+FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "eye", "linspace",
+             "rand", "randn", "randint", "randperm", "scalar_tensor"}
+
+#: (module, function) -> why the tensors it creates belong on the host, whatever device the run uses
+HOST_TENSORS = {
+    ("data.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
+    ("net_weights.py", "from_arrays"): "Keras-style weight arrays, copied into parameters wherever those live",
+    ("weights.py", "class_weights"): "the class-weight lookup table is indexed on the host, the result moved",
+    ("weights.py", "_as_weights"): "the user's sample weights, moved with their batch",
+    ("samplers.py", "index_tensor"): "sample indices select rows on the host",
+    ("samplers.py", "sampler_indices"): "sample indices select rows on the host",
+    ("summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
+    ("loop.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
+}
+
+
+class FactoryCalls(ast.NodeVisitor):
+    """Collects (enclosing function, line) of each `torch.<factory>(...)` call that names no device."""
+
+    def __init__(self):
+        self.functions: list[str] = []
+        self.found: list[tuple[str, int]] = []
+
+    def visit_FunctionDef(self, node):
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    def visit_Call(self, node):
+        call = node.func
+        if (isinstance(call, ast.Attribute) and call.attr in FACTORIES and isinstance(call.value, ast.Name)
+                and call.value.id == "torch" and not any(keyword.arg == "device" for keyword in node.keywords)):
+            self.found.append((self.functions[-1] if self.functions else "", node.lineno))
+        self.generic_visit(node)
+
+
+def factory_calls_without_a_device() -> list[tuple[str, str, int]]:
+    """(module, enclosing function, line) of each `torch.<factory>(...)` call in easyfit that names no device."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        calls = FactoryCalls()
+        calls.visit(ast.parse(path.read_text(), str(path)))
+        found += [(path.relative_to(PACKAGE).as_posix(), function, line) for function, line in calls.found]
+    return found
+
+
+def test_every_tensor_easyfit_creates_names_its_device_or_is_a_host_tensor_by_design():
+    stray = [f"easyfit/{module}:{line} in {function}()" for module, function, line in factory_calls_without_a_device()
+             if (pathlib.PurePath(module).name, function) not in HOST_TENSORS]
+    assert not stray, ("these tensors land on the CPU whatever device the run uses; create them with "
+                       "device=strategy.root_device (or the device of the tensors they join): " + ", ".join(stray))
+
+
+def test_the_host_tensor_list_names_only_calls_that_exist():
+    found = {(pathlib.PurePath(module).name, function) for module, function, _ in factory_calls_without_a_device()}
+    assert set(HOST_TENSORS) <= found, f"no longer in the code: {sorted(set(HOST_TENSORS) - found)}"
+
+
+class DeviceStrategy:
+    """The part of the strategy contract a loss tracker uses, on a device of choice; records what reaches the
+    collective and answers with the given totals (a meta tensor holds no numbers to reduce)."""
+
+    def __init__(self, device: str, answer: list[float]):
+        self.root_device = torch.device(device)
+        self.answer = answer
+        self.reduced: list[torch.Tensor] = []
+
+    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        assert tensor.device == self.root_device, f"a collective got a tensor on {tensor.device}"
+        self.reduced.append(tensor)
+        return torch.tensor(self.answer, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("losses_on", ["meta", "cpu"])
+def test_the_epoch_loss_reaches_its_collective_on_the_strategy_device(losses_on):
+    """The epoch's loss over every process (also what a mid-epoch checkpoint stores): one collective on the
+    strategy's device, whatever device the losses were computed on."""
+    tracker = LossTracker(fold_every=2)
+    for size in (4, 4, 2):
+        tracker.add(torch.ones((), device=losses_on), size)
+    strategy = DeviceStrategy("meta", answer=[30.0, 15.0])
+    assert tracker.global_totals(strategy) == (30.0, 15)
+    assert tracker.global_mean(strategy) == 2.0
+    assert [tuple(tensor.shape) for tensor in strategy.reduced] == [(2,), (2,)]
+
+
+def test_an_epoch_with_no_samples_anywhere_is_an_error():
+    with pytest.raises(ValueError, match="0 samples"):
+        LossTracker().global_mean(DeviceStrategy("meta", answer=[0.0, 0.0]))

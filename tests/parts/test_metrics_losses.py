@@ -1,0 +1,129 @@
+"""evaluate's loss and metrics against hand computations; losses by name, module and callable."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchmetrics
+from sklearn import metrics as sk
+from torch import nn
+from torch.nn import functional as F
+
+import easyfit
+from easyfit.parts.losses import LOSSES
+
+
+def scores_and_outputs(net, x, y, loss, metrics):
+    """evaluate() in batches of 8 (uneven last batch), and the net's outputs over all of x."""
+    scores = easyfit.Model(net, loss, "sgd", metrics=metrics).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    return scores, net(x).detach()
+
+
+def test_loss_is_the_sample_weighted_mean_over_an_uneven_last_batch(make_net, classification):
+    x, y = classification
+    scores, output = scores_and_outputs(make_net(), x, y, "cross_entropy", None)
+    assert scores == {"loss": pytest.approx(F.cross_entropy(output, y).item(), abs=1e-6)}
+
+
+def test_multiclass_metrics_by_name(make_net, classification):
+    x, _ = classification
+    y = torch.randint(0, 10, (len(x),), generator=torch.Generator().manual_seed(3))
+    scores, output = scores_and_outputs(make_net(out_features=10), x, y, "cross_entropy",
+                                        ["accuracy", "top5_accuracy", "f1", "auroc"])
+    top5 = (output.topk(5).indices == y[:, None]).any(dim=1).float().mean()
+    assert scores["accuracy"] == pytest.approx((output.argmax(1) == y).float().mean().item(), abs=1e-6)
+    assert scores["top5_accuracy"] == pytest.approx(top5.item(), abs=1e-6)
+    assert scores["f1"] == pytest.approx(sk.f1_score(y, output.argmax(1), average="macro"), abs=1e-5)
+    assert scores["auroc"] == pytest.approx(
+        sk.roc_auc_score(y, output.softmax(1), multi_class="ovr", average="macro"), abs=1e-5)
+
+
+@pytest.mark.parametrize("target_shape", ["column", "flat"])
+def test_binary_metrics_are_inferred_from_a_single_output(target_shape, make_net, classification):
+    x, y = classification
+    y = (y > 0).float()
+    net = make_net(out_features=1)
+    if target_shape == "flat":
+        net.append(nn.Flatten(0))
+    else:
+        y = y[:, None]
+    scores, output = scores_and_outputs(net, x, y, "bce_with_logits", ["accuracy", "f1", "auroc"])
+    labels, probabilities = y.flatten().long(), output.flatten().sigmoid()
+    assert scores["loss"] == pytest.approx(F.binary_cross_entropy_with_logits(output, y).item(), abs=1e-6)
+    assert scores["accuracy"] == pytest.approx(((probabilities > 0.5).long() == labels).float().mean().item())
+    assert scores["f1"] == pytest.approx(sk.f1_score(labels, probabilities > 0.5), abs=1e-5)
+    assert scores["auroc"] == pytest.approx(sk.roc_auc_score(labels, probabilities), abs=1e-5)
+
+
+def test_regression_metrics_by_name(make_net, regression):
+    x, y = regression
+    scores, output = scores_and_outputs(make_net(out_features=1), x, y, "mse", ["mae", "mse", "r2"])
+    assert scores["loss"] == pytest.approx(F.mse_loss(output, y).item(), rel=1e-5)
+    assert scores["mae"] == pytest.approx(F.l1_loss(output, y).item(), rel=1e-5)
+    assert scores["mse"] == pytest.approx(F.mse_loss(output, y).item(), rel=1e-5)
+    assert scores["r2"] == pytest.approx(sk.r2_score(y, output), rel=1e-4)
+
+
+def test_torchmetrics_objects_and_a_dict_of_named_metrics(make_net, regression):
+    x, y = regression
+    scores, output = scores_and_outputs(make_net(out_features=1), x, y, "mse", [torchmetrics.MeanAbsoluteError()])
+    assert scores["mean_absolute_error"] == pytest.approx(F.l1_loss(output, y).item(), rel=1e-5)
+    scores, _ = scores_and_outputs(make_net(out_features=1), x, y, "mse",
+                                   {"err": torchmetrics.MeanSquaredError(), "abs_err": "mae"})
+    assert scores.keys() == {"loss", "err", "abs_err"}
+    assert scores["abs_err"] == pytest.approx(F.l1_loss(output, y).item(), rel=1e-5)
+
+
+def test_metrics_reset_between_epochs(make_net, classification):
+    history = easyfit.Model(make_net(), metrics=["accuracy"]).fit(*classification, epochs=3, verbose=0)
+    assert all(0.0 <= value <= 1.0 for value in history.history["accuracy"])
+
+
+def _loss_case(name: str, x: torch.Tensor):
+    """(final layer for the net's 3 outputs, targets, reference loss on outputs) for each loss name."""
+    generator = torch.Generator().manual_seed(4)
+    classes = torch.randint(0, 3, (len(x),), generator=generator)
+    bits = torch.randint(0, 2, (len(x), 3), generator=generator).float()
+    values = torch.randn(len(x), 3, generator=generator)
+    cases = {
+        "cross_entropy": (nn.Identity(), classes, F.cross_entropy),
+        "nll": (nn.LogSoftmax(1), classes, F.nll_loss),
+        "mse": (nn.Identity(), values, F.mse_loss),
+        "l1": (nn.Identity(), values, F.l1_loss),
+        "bce": (nn.Sigmoid(), bits, F.binary_cross_entropy),
+        "bce_with_logits": (nn.Identity(), bits, F.binary_cross_entropy_with_logits),
+        "huber": (nn.Identity(), values, F.huber_loss),
+        "smooth_l1": (nn.Identity(), values, F.smooth_l1_loss),
+        "kl_div": (nn.LogSoftmax(1), values.softmax(1), lambda o, t: F.kl_div(o, t, reduction="batchmean")),
+        "poisson_nll": (nn.Identity(), bits * 3, F.poisson_nll_loss),
+        "hinge_embedding": (nn.Identity(), bits * 2 - 1, F.hinge_embedding_loss),
+    }
+    aliases = {"categorical_crossentropy": "cross_entropy", "mean_squared_error": "mse", "mae": "l1",
+               "mean_absolute_error": "l1", "binary_crossentropy": "bce"}
+    return cases[aliases.get(name, name)]
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_every_loss_name_trains_and_evaluates_like_torch(name, make_net, classification):
+    x = classification[0]
+    head, target, reference = _loss_case(name, x)
+    net = nn.Sequential(make_net(), head)
+    model = easyfit.Model(net, name, "adam", lr=0.01)
+    history = model.fit(x, target, epochs=4, batch_size=16, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    expected = reference(net(x), target).item()
+    assert model.evaluate(x, target, batch_size=8, verbose=0) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_loss_as_module_and_as_callable(make_net, classification):
+    x, y = classification
+    net = make_net()
+    smoothed = nn.CrossEntropyLoss(label_smoothing=0.2)
+    scores = easyfit.Model(net, smoothed).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    assert scores["loss"] == pytest.approx(smoothed(net(x), y).item(), abs=1e-6)
+
+    def doubled(output, target):
+        return 2 * F.cross_entropy(output, target)
+    scores = easyfit.Model(net, doubled).evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    assert scores["loss"] == pytest.approx(2 * F.cross_entropy(net(x), y).item(), abs=1e-6)
+    history = easyfit.Model(net, doubled, "sgd").fit(x, y, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]

@@ -1,0 +1,139 @@
+"""fit / evaluate / predict with compile=...: eager's numbers, and nothing recompiles after the first epoch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
+
+import easyfit
+from easyfit.callbacks import Callback
+from easyfit.training.compiling import LearningRatesInTensors, compile_settings
+
+
+class FramesPerEpoch(Callback):
+    """How many frames the counting backend had compiled at the end of each epoch."""
+
+    def __init__(self, counter: CompileCounter):
+        self.counter, self.counts = counter, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.counts.append(self.counter.frame_count)
+
+
+class GraphsPerEpoch(Callback):
+    """How many graphs torch.compile had made at the end of each epoch (any backend)."""
+
+    def __init__(self):
+        self.counts = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.counts.append(counters["stats"]["unique_graphs"])
+
+
+def _fit(make_net, data, compile, device="cpu", **options):
+    x, y = data
+    model = easyfit.Model(make_net(), "cross_entropy", "adam", metrics=["accuracy"], lr=0.01,
+                          scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5))
+    run = {"compile": compile, "accelerator": device, "devices": 1}
+    history = model.fit(x, y, epochs=2, batch_size=32, verbose=0, validation_data=(x[:50], y[:50]),
+                        lr_warmup_epochs=1, **run, **options)   # the LR changes every step, then every epoch
+    scores = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True, **run)
+    return model, history.history, scores, model.predict(x, batch_size=32, **run)
+
+
+def _assert_close(eager, compiled, atol: float) -> None:
+    (eager_model, eager_history, eager_scores, eager_outputs) = eager
+    (model, history, scores, outputs) = compiled
+    for (name, expected), actual in zip(eager_model.net.state_dict().items(), model.net.state_dict().values()):
+        assert (actual.cpu() - expected.cpu()).abs().max().item() <= atol, name
+    for key, values in eager_history.items():
+        assert history[key] == pytest.approx(values, abs=atol), key
+    assert scores == pytest.approx(eager_scores, abs=atol)
+    assert (outputs - eager_outputs).abs().max().item() <= atol
+
+
+def test_compiled_with_inductor_matches_eager_within_1e_5(make_net, classification):
+    """101 samples in batches of 32: the short last batch runs eagerly, every sample counts, and the compiled
+    forward, backward and Adam step (with its LR changed by warmup and a schedule) give eager's numbers. The mode
+    of CUDA graphs ("reduce-overhead", none on a CPU) also takes the path that copies each loss out of the graph."""
+    eager = _fit(make_net, classification, compile=False)
+    _assert_close(eager, _fit(make_net, classification, compile="reduce-overhead"), 1e-5)
+
+
+def test_nothing_recompiles_after_the_first_epoch(make_net, classification):
+    """Learning rates changing every step, the short last batch, validation and a second fit compile nothing new."""
+    counter = CompileCounter()
+    frames = FramesPerEpoch(counter)
+    model, _, _, _ = _fit(make_net, classification, compile={"backend": counter}, callbacks=[frames])
+    first_epoch = frames.counts[0]
+    assert first_epoch > 0 and frames.counts == [first_epoch, first_epoch]
+    compiled = counter.frame_count   # with evaluate's and predict's
+    model.fit(*classification, epochs=3, batch_size=32, verbose=0, compile={"backend": counter}, devices=1)
+    assert counter.frame_count == compiled
+
+
+@pytest.mark.parametrize("value, error, words", [
+    ("fastest", ValueError, "not a torch.compile mode"),
+    ({"mode": "default", "speed": 2}, ValueError, "unknown option(s) 'speed'"),
+    (1.5, TypeError, "compile must be True, False"),
+])
+def test_a_malformed_compile_option_is_refused_by_name(make_net, classification, value, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        easyfit.Model(make_net()).fit(*classification, verbose=0, compile=value)
+
+
+def test_a_strategy_that_cannot_compile_says_so_before_training(make_net, classification):
+    net = make_net()
+    before = {name: value.clone() for name, value in net.state_dict().items()}
+    with pytest.raises(ValueError, match="does not support compile=True"):
+        easyfit.Model(net).fit(*classification, verbose=0, compile=True, strategy=easyfit.strategies.Strategy())
+    assert all(torch.equal(before[name], value) for name, value in net.state_dict().items())
+
+
+def test_cuda_graphs_with_gradient_accumulation_are_refused(make_net, classification):
+    with pytest.raises(ValueError, match="overwrites the gradients"):
+        easyfit.Model(make_net()).fit(*classification, verbose=0, compile="reduce-overhead",
+                                      gradient_accumulation_steps=2)
+
+
+def test_compile_settings_map_the_option_to_torch_compile_arguments():
+    assert compile_settings(False) is None and compile_settings(None) is None
+    assert compile_settings(True) == {}
+    assert compile_settings("max-autotune") == {"mode": "max-autotune"}
+    assert compile_settings({"backend": "eager", "fullgraph": True}) == {"backend": "eager", "fullgraph": True}
+
+
+def test_learning_rates_are_tensors_only_while_the_compiled_step_runs():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([{"params": [weight]}, {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 2.0}],
+                                lr=0.5)
+    rates = LearningRatesInTensors(optimizer)
+    held = list(rates.tensors)
+    optimizer.param_groups[0]["lr"] = 0.25   # what a schedule does between steps
+    with rates:
+        assert [group["lr"] for group in optimizer.param_groups] == held   # the same tensors: no recompile
+        assert [float(tensor) for tensor in held] == [0.25, 2.0]
+    assert [group["lr"] for group in optimizer.param_groups] == [0.25, 2.0]
+
+
+@pytest.mark.gpu
+def test_a_compiled_fit_continues_an_eager_one_on_a_gpu(make_net, classification):
+    """Adam's state, made eagerly (not capturable), and a learning rate held in a tensor step together."""
+    model = easyfit.Model(make_net(), "cross_entropy", "adam")
+    for compile in (False, "reduce-overhead", True):
+        history = model.fit(*classification, epochs=2, verbose=0, accelerator="cuda", devices=1, compile=compile)
+        assert all(math.isfinite(loss) for loss in history.history["loss"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["reduce-overhead", True])
+def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, mode):
+    """CUDA graphs ("reduce-overhead") replay the forward, backward and capturable Adam step; fp32 numbers equal
+    eager's (float32 matrix products stay IEEE: torch's default, no TF32)."""
+    eager = _fit(make_net, classification, compile=False, device="cuda")
+    graphs = GraphsPerEpoch()
+    _assert_close(eager, _fit(make_net, classification, compile=mode, device="cuda", callbacks=[graphs]), 1e-5)
+    assert graphs.counts[0] > 0 and graphs.counts[1] == graphs.counts[0]   # nothing compiled in the second epoch
