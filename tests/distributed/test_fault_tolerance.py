@@ -73,8 +73,8 @@ def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, t
 
 def test_easyfit_max_restarts_restart_every_rank_and_continue_exactly(uninterrupted, tmp_path):
     """easyfit.launch(max_restarts=2) at the top of the script (fit's own max_restarts: see
-    tests/saving/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure. With the user's
-    MASTER_PORT every attempt meets on the same port, where the previous attempt's keys may still be."""
+    tests/saving/test_restarts_and_requeue.py); the ranks re-run for ddp are restarted after each failure. With the
+    user's MASTER_PORT every attempt meets on the same port, where the previous attempt's keys may still be."""
     process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--launch-restarts", "2", *KILL_THEN_RAISE,
                    env={"MASTER_PORT": str(find_free_port())})
     assert process.returncode == 0, process.stderr[-5000:]
