@@ -17,16 +17,16 @@ PACKAGE = pathlib.Path(easyfit.__file__).parent
 FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "eye", "linspace",
              "rand", "randn", "randint", "randperm", "scalar_tensor"}
 
-#: (module, function) -> why the tensors it creates belong on the host, whatever device the run uses
+#: (module path in easyfit/, function) -> why the tensors it creates belong on the host, whatever device the run uses
 HOST_TENSORS = {
-    ("data.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
-    ("net_weights.py", "from_arrays"): "Keras-style weight arrays, copied into parameters wherever those live",
-    ("weights.py", "class_weights"): "the class-weight lookup table is indexed on the host, the result moved",
-    ("weights.py", "_as_weights"): "the user's sample weights, moved with their batch",
-    ("samplers.py", "index_tensor"): "sample indices select rows on the host",
-    ("samplers.py", "sampler_indices"): "sample indices select rows on the host",
-    ("summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
-    ("loop.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
+    ("data/batches.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
+    ("saving/net_weights.py", "from_arrays"): "Keras-style weight arrays, copied into parameters wherever those live",
+    ("data/weights.py", "class_weights"): "the class-weight lookup table is indexed on the host, the result moved",
+    ("data/weights.py", "_as_weights"): "the user's sample weights, moved with their batch",
+    ("data/samplers.py", "index_tensor"): "sample indices select rows on the host",
+    ("data/samplers.py", "sampler_indices"): "sample indices select rows on the host",
+    ("training/summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
+    ("training/loop.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
 }
 
 
@@ -62,13 +62,13 @@ def factory_calls_without_a_device() -> list[tuple[str, str, int]]:
 
 def test_every_tensor_easyfit_creates_names_its_device_or_is_a_host_tensor_by_design():
     stray = [f"easyfit/{module}:{line} in {function}()" for module, function, line in factory_calls_without_a_device()
-             if (pathlib.PurePath(module).name, function) not in HOST_TENSORS]
+             if (module, function) not in HOST_TENSORS]
     assert not stray, ("these tensors land on the CPU whatever device the run uses; create them with "
                        "device=strategy.root_device (or the device of the tensors they join): " + ", ".join(stray))
 
 
 def test_the_host_tensor_list_names_only_calls_that_exist():
-    found = {(pathlib.PurePath(module).name, function) for module, function, _ in factory_calls_without_a_device()}
+    found = {(module, function) for module, function, _ in factory_calls_without_a_device()}
     assert set(HOST_TENSORS) <= found, f"no longer in the code: {sorted(set(HOST_TENSORS) - found)}"
 
 
