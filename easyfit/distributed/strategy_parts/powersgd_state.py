@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-#: the fields of PowerSGD's state kept as they are (not per bucket)
-SCALAR_FIELDS = ("iter", "rng")
+#: the fields of PowerSGD's state kept as they are (not per bucket); its numpy generator is saved as data apart
+SCALAR_FIELDS = ("iter",)
 
 
 class LaidOutPowerSGD:
@@ -42,11 +43,13 @@ class LaidOutPowerSGD:
     def state_dict(self) -> dict:
         """Between iterations (nothing in flight): the scalars and every parameter's pieces."""
         self._cut(set(self.layouts))
-        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS}, "pieces": dict(self.loose)}
+        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS}, "rng": generator_state(self.state.rng),
+                "pieces": dict(self.loose)}
 
     def load_state_dict(self, saved: dict) -> None:
         for name in SCALAR_FIELDS:
             setattr(self.state, name, saved[name])
+        self.state.rng = generator(saved["rng"])
         self.state.error_dict.clear()
         self.state.p_memory_dict.clear()
         self.state.q_memory_dict.clear()
@@ -90,3 +93,21 @@ class LaidOutPowerSGD:
                 self._buffers()[kind][index] = torch.cat(found)
                 for position, _ in pieces:
                     del self.loose[position][kind]
+
+
+def generator_state(rng: np.random.RandomState) -> dict:
+    """A numpy RandomState's state as data (its Mersenne Twister key as a tensor)."""
+    kind, key, position, has_gauss, cached_gaussian = rng.get_state()
+    return {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "position": int(position),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+
+
+def generator(state) -> np.random.RandomState:
+    """The RandomState `generator_state` saved (or the object itself, from a file written before states were
+    data)."""
+    if isinstance(state, np.random.RandomState):
+        return state
+    rng = np.random.RandomState()
+    rng.set_state((state["kind"], state["key"].cpu().numpy().astype(np.uint32), state["position"],
+                   state["has_gauss"], state["cached_gaussian"]))
+    return rng
