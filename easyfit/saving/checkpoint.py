@@ -48,6 +48,8 @@ def as_data(value, where: str = "the checkpoint"):
         return as_data(value.item(), where)
     if kind is np.ndarray and value.dtype != object:
         return torch.from_numpy(value.copy())
+    if kind is np.random.RandomState:   # e.g. PowerSGD's, in a file written before states were data
+        return numpy_generator_state(value)
     if kind in (dict, OrderedDict):
         items = [(as_data(key, f"a key of {where}"), as_data(entry, f"{where}[{key!r}]"))
                  for key, entry in value.items()]
@@ -63,6 +65,23 @@ def as_data(value, where: str = "the checkpoint"):
     raise TypeError(f"{where} is a {kind.__module__}.{kind.__qualname__}: a checkpoint holds data only (tensors, "
                     "numbers, strings, lists, tuples and dicts), so that loading it can never run code. Give that "
                     "state as such values (e.g. a callback's state_dict() returning plain numbers and lists).")
+
+
+def numpy_generator_state(rng: np.random.RandomState) -> dict:
+    """A numpy RandomState's state as data (its Mersenne Twister key as a tensor)."""
+    kind, key, position, has_gauss, cached_gaussian = rng.get_state()
+    return {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "position": int(position),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+
+
+def numpy_generator(state) -> np.random.RandomState:
+    """The RandomState whose state `numpy_generator_state` gave (or the object itself, from a trusted older file)."""
+    if isinstance(state, np.random.RandomState):
+        return state
+    rng = np.random.RandomState()
+    rng.set_state((state["kind"], state["key"].cpu().numpy().astype(np.uint32), state["position"],
+                   state["has_gauss"], state["cached_gaussian"]))
+    return rng
 
 
 def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+from easyfit.saving.checkpoint import numpy_generator, numpy_generator_state
 
 #: the fields of PowerSGD's state kept as they are (not per bucket); its numpy generator is saved as data apart
 SCALAR_FIELDS = ("iter",)
@@ -43,13 +44,13 @@ class LaidOutPowerSGD:
     def state_dict(self) -> dict:
         """Between iterations (nothing in flight): the scalars and every parameter's pieces."""
         self._cut(set(self.layouts))
-        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS}, "rng": generator_state(self.state.rng),
-                "pieces": dict(self.loose)}
+        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS},
+                "rng": numpy_generator_state(self.state.rng), "pieces": dict(self.loose)}
 
     def load_state_dict(self, saved: dict) -> None:
         for name in SCALAR_FIELDS:
             setattr(self.state, name, saved[name])
-        self.state.rng = generator(saved["rng"])
+        self.state.rng = numpy_generator(saved["rng"])
         self.state.error_dict.clear()
         self.state.p_memory_dict.clear()
         self.state.q_memory_dict.clear()
@@ -94,20 +95,3 @@ class LaidOutPowerSGD:
                 for position, _ in pieces:
                     del self.loose[position][kind]
 
-
-def generator_state(rng: np.random.RandomState) -> dict:
-    """A numpy RandomState's state as data (its Mersenne Twister key as a tensor)."""
-    kind, key, position, has_gauss, cached_gaussian = rng.get_state()
-    return {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "position": int(position),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
-
-
-def generator(state) -> np.random.RandomState:
-    """The RandomState `generator_state` saved (or the object itself, from a file written before states were
-    data)."""
-    if isinstance(state, np.random.RandomState):
-        return state
-    rng = np.random.RandomState()
-    rng.set_state((state["kind"], state["key"].cpu().numpy().astype(np.uint32), state["position"],
-                   state["has_gauss"], state["cached_gaussian"]))
-    return rng
