@@ -118,6 +118,9 @@ def load_data(path: str | os.PathLike, map_location=None, trusted: bool = False,
     except pickle.UnpicklingError as error:
         if trusted or "weights only load failed" not in str(error).lower():
             raise
+        if "Unsupported operand" in str(error):   # no pickle at all (a text file), or a damaged one
+            raise pickle.UnpicklingError(f"{os.fspath(path)!r} is not a file torch.save wrote, or it is damaged "
+                                         f"({refused_object(error)})") from None
         raise untrusted(path, refused_object(error)) from None
 
 
@@ -131,7 +134,10 @@ def untrusted(path: str | os.PathLike, refused: str) -> UntrustedCheckpointError
 
 def refused_object(error: Exception) -> str:
     """What torch's weights-only unpickler refused, in a few words."""
-    found = re.search(r"WeightsUnpickler error: ([^\n]*?)(?: was not an allowed global.*)?$", str(error), re.M)
+    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if named:
+        return f"it names {named.group(1)}, which is not data"
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(error))
     return found.group(1).strip().rstrip(".") if found else "an object other than data"
 
 

@@ -2,8 +2,10 @@
 reads a file; every file easyfit writes loads with `weights_only=True`; a trusted old-format file still loads."""
 from __future__ import annotations
 
+import ast
 import itertools
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -303,3 +305,49 @@ def test_model_save_after_fit_holds_the_device_random_state_as_modelcheckpoint_d
     easyfit.Model(make_net(), "cross_entropy", "sgd").fit(x, y, epochs=2, verbose=0, strategy=resumed,
                                                           resume_from=str(tmp_path / "after.pt"))
     assert resumed.loaded == [99]
+
+
+# --- only the launchers' own exchanges unpickle ----------------------------------------------------------------
+#: (module, function) -> why it may unpickle: the processes of one run, through a folder or pipe no user names
+OWN_PICKLES = {
+    ("distributed/launchers/spawn.py", "read_result"): "rank 0's result, from the call's private mkdtemp folder",
+    ("distributed/launchers/spawn.py", "run"): "the work the caller pickled for its spawned ranks",
+    ("distributed/launchers/xla.py", "run"): "the work the caller pickled for torch_xla's replicas",
+}
+
+
+class UnpicklingCalls(ast.NodeVisitor):
+    """The innermost enclosing function of each pickle.load(s) and torch.load(..., weights_only=False) call."""
+
+    def __init__(self):
+        self.functions, self.found = [""], set()
+
+    def visit_FunctionDef(self, node):
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    def visit_Call(self, node):
+        call = node.func
+        if isinstance(call, ast.Attribute) and isinstance(call.value, ast.Name):
+            unsafe = any(keyword.arg == "weights_only" and isinstance(keyword.value, ast.Constant)
+                         and keyword.value.value is False for keyword in node.keywords)
+            if (call.value.id, call.attr) in (("pickle", "load"), ("pickle", "loads")) or (
+                    (call.value.id, call.attr) == ("torch", "load") and unsafe):
+                self.found.add(self.functions[-1])
+        self.generic_visit(node)
+
+
+def _unpickling_calls() -> set[tuple[str, str]]:
+    """(module, enclosing function) of every call in easyfit that unpickles whatever a file holds."""
+    package = pathlib.Path(easyfit.__file__).parent
+    found = set()
+    for path in package.rglob("*.py"):
+        calls = UnpicklingCalls()
+        calls.visit(ast.parse(path.read_text(encoding="utf-8")))
+        found |= {(path.relative_to(package).as_posix(), function) for function in calls.found}
+    return found
+
+
+def test_only_the_launchers_own_exchanges_unpickle():
+    assert _unpickling_calls() == set(OWN_PICKLES)
