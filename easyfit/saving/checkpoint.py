@@ -46,7 +46,7 @@ def as_data(value, where: str = "the checkpoint"):
         return value
     if isinstance(value, np.generic):
         return as_data(value.item(), where)
-    if kind is np.ndarray and value.dtype != object:
+    if kind is np.ndarray and value.dtype.kind in "biufc":   # booleans and numbers
         return torch.from_numpy(value.copy())
     if kind is np.random.RandomState:   # e.g. PowerSGD's, in a file written before states were data
         return numpy_generator_state(value)
