@@ -225,11 +225,11 @@ class Model:
 
     @classmethod
     def load(cls, path: str | os.PathLike, net: nn.Module, loss: Any = None, optimizer: Any = None,
-             metrics: Any = None, **kwargs) -> Model:
-        """A Model around `net` with the weights, optimizer state and history saved at `path`.
-
-        Loss, optimizer and metrics given by name at save time are restored by name; pass them to override."""
-        state = load_checkpoint_file(path)
+             metrics: Any = None, trusted: bool = False, **kwargs) -> Model:
+        """A Model around `net` with the weights, optimizer state and history saved at `path`, read as data
+        (`trusted=True`: any object, only for a file you trust). Loss, optimizer and metrics given by name at save
+        time are restored by name; pass them to override."""
+        state = load_checkpoint_file(path, trusted=trusted)
         args, keywords = model_state.saved_arguments(state, path, net, loss, optimizer, metrics, kwargs)
         model = cls(net, *args, **keywords)
         model.restore(state)
@@ -272,9 +272,9 @@ class Model:
         if self.is_global_zero:
             net_weights.save_state(state, path)
 
-    def load_weights(self, path: str | os.PathLike) -> None:
-        """Load a file from `save_weights` or `torch.save(net.state_dict())`, or the weights of a checkpoint."""
-        self.load_net_state(net_weights.read_state(path))
+    def load_weights(self, path: str | os.PathLike, trusted: bool = False) -> None:
+        """Load `save_weights`' file, `torch.save(net.state_dict())`'s or a checkpoint's (`trusted`: see `load`)."""
+        self.load_net_state(net_weights.read_state(path, self.net_state(), trusted))
 
     def count_params(self) -> int:
         """The number of parameters of the net (trainable or not; buffers are not parameters)."""

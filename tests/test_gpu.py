@@ -63,7 +63,7 @@ def test_cuda_mixed_precision_trains_and_resumes(precision, classification, tmp_
                         gradient_clip_val=1.0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     model.save(tmp_path / "run.pt")
-    state = torch.load(tmp_path / "run.pt", weights_only=False)
+    state = torch.load(tmp_path / "run.pt", weights_only=True)
     if precision == "16-mixed":
         assert state["scaler"]["scale"] > 0, "the gradient scaler's state is saved"
     predictions = model.predict(x, accelerator="gpu", verbose=0)

@@ -1,14 +1,16 @@
 """Turn a sharded checkpoint directory into one plain easyfit checkpoint file, on one process, without the ranks
 that wrote it: `Model.load(file, net=PlainNet())` then reads it, and `fit(resume_from=file)` continues from it under
-any strategy.
+any strategy. Also rewrites a checkpoint file that holds more than data (one written by an older easyfit) as data,
+for a file you trust (`trusted=True`, `--trusted`).
 
 Two formats are read:
 - FSDP2's (strategy "fsdp" with state_dict_type="sharded"): a torch.distributed.checkpoint directory, read with
   torch's `dcp_to_torch_save`;
 - DeepSpeed's (state_dict_type="sharded"): the weights merged from every rank's partitions with DeepSpeed's
   zero_to_fp32 utilities, and the optimizer state (e.g. Adam's moments) merged the same way.
+Every file is read as data (saving/backend_folders.py), unless `trusted`.
 
-Usage: python -m easyfit.saving.convert SOURCE_DIRECTORY DESTINATION_FILE
+Usage: python -m easyfit.saving.convert SOURCE DESTINATION_FILE [--trusted]
 """
 from __future__ import annotations
 
@@ -18,26 +20,32 @@ import tempfile
 
 import torch
 
+from easyfit.saving.backend_folders import check_dcp_folder, load_deepspeed_file
 from easyfit.saving.checkpoint import (
     DEEPSPEED_CLIENT_KEY,
     FORMAT_KEY,
     FSDP_META_FILE,
     load_checkpoint_file,
+    load_data,
     save_checkpoint_file,
 )
 
 
-def convert_checkpoint(source: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Write the sharded checkpoint directory `source` as one plain checkpoint file `destination`."""
+def convert_checkpoint(source: str | os.PathLike, destination: str | os.PathLike, trusted: bool = False) -> None:
+    """Write the sharded checkpoint directory `source`, or the checkpoint file `source`, as one plain checkpoint file
+    `destination` that holds data only. `trusted=True` unpickles any object in `source`: only for a source you
+    trust."""
     source = os.fspath(source)
-    if os.path.isfile(os.path.join(source, FSDP_META_FILE)):
-        state = read_fsdp(source)
+    if os.path.isfile(source):
+        state = load_checkpoint_file(source, map_location="cpu", trusted=trusted)
+    elif os.path.isfile(os.path.join(source, FSDP_META_FILE)):
+        state = read_fsdp(source, trusted)
     elif os.path.isfile(os.path.join(source, "latest")):
-        state = read_deepspeed(source)
+        state = read_deepspeed(source, trusted)
     else:
         raise ValueError(f"{source!r} is not a sharded easyfit checkpoint: expected a directory written with "
                          f"state_dict_type='sharded' by strategy 'fsdp' (it holds {FSDP_META_FILE}) or a DeepSpeed "
-                         "strategy (it holds a 'latest' file)")
+                         "strategy (it holds a 'latest' file), or a checkpoint file")
     state.pop(FORMAT_KEY, None)
     save_checkpoint_file(destination, state)
 
@@ -52,30 +60,35 @@ def indexed_optimizer_state(state: dict, groups: list[dict], names: list[str]) -
     return {"state": {index[name]: entry for name, entry in state.items()}, "param_groups": plain_groups}
 
 
-def read_fsdp(directory: str) -> dict:
+def read_fsdp(directory: str, trusted: bool = False) -> dict:
     """The full state of an FSDP2 torch.distributed.checkpoint directory."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    rest = load_checkpoint_file(os.path.join(directory, FSDP_META_FILE), map_location="cpu")
+    rest = load_checkpoint_file(os.path.join(directory, FSDP_META_FILE), map_location="cpu", trusted=trusted)
+    if not trusted:
+        check_dcp_folder(directory)
     with tempfile.TemporaryDirectory() as scratch:
         whole = os.path.join(scratch, "whole.pt")
         dcp_to_torch_save(directory, whole)
-        shards = torch.load(whole, map_location="cpu", weights_only=False)
+        shards = load_data(whole, map_location="cpu", trusted=trusted)
     names = rest.pop("param_names")
     optimizer = shards["optimizer"]
     return {**rest, "net": shards["net"],
             "optimizer": indexed_optimizer_state(optimizer["state"], optimizer["param_groups"], names)}
 
 
-def read_deepspeed(directory: str) -> dict:
+def read_deepspeed(directory: str, trusted: bool = False) -> dict:
     """The full state of a DeepSpeed ZeRO checkpoint directory (any stage): fp32 weights and optimizer state."""
     from deepspeed.utils import zero_to_fp32
     with open(os.path.join(directory, "latest"), encoding="utf-8") as file:
         folder = os.path.join(directory, file.read().strip())
     model_files = zero_to_fp32.get_model_state_files(folder)
-    rest = torch.load(model_files[0], map_location="cpu", weights_only=False)[DEEPSPEED_CLIENT_KEY]
+    rest = load_deepspeed_file(model_files[0], trusted)[DEEPSPEED_CLIENT_KEY]
     names, groups = rest.pop("param_names"), rest.pop("param_groups")
-    partitions = [torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    partitions = [load_deepspeed_file(path, trusted)["optimizer_state_dict"]
                   for path in zero_to_fp32.get_optim_files(folder)]
+    if not trusted:   # DeepSpeed's parse_model_states reads them again, unpickling
+        for path in model_files:
+            load_deepspeed_file(path, mmap=True)
     merge = _partition_merger(zero_to_fp32, zero_to_fp32.parse_model_states(model_files), partitions)
     stage = partitions[0]["zero_stage"]
     weights = merge([p["single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"] for p in partitions])
@@ -112,10 +125,13 @@ def _partition_merger(zero_to_fp32, model_states, partitions):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m easyfit.checkpoint_convert", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="the sharded checkpoint directory")
+    parser.add_argument("source", help="the sharded checkpoint directory, or a checkpoint file to rewrite as data")
     parser.add_argument("destination", help="the checkpoint file to write")
+    parser.add_argument("--trusted", action="store_true",
+                        help="unpickle any object the source holds (an older easyfit's file): only for a source you "
+                             "trust, since unpickling can run code")
     args = parser.parse_args(argv)
-    convert_checkpoint(args.source, args.destination)
+    convert_checkpoint(args.source, args.destination, trusted=args.trusted)
     print(f"wrote {args.destination}")
 
 

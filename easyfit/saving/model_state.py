@@ -25,9 +25,18 @@ def checkpoint_state(model) -> dict:
         "lr_multiplier": model._lr_multiplier,
         "history": model.history.state_dict(),
         "callbacks": model._callbacks.state_dict(),
-        "rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        **random_states(model.strategy),
     }
+
+
+def random_states(strategy) -> dict:
+    """The random states a checkpoint holds, as tensors and numbers: torch's CPU generator, CUDA's once in use, and
+    the device generator of the strategy that trains, or last trained, in this process (XLA's: dropout on the
+    device). The same for every writer: ModelCheckpoint and the fault-tolerance checkpoint inside fit, model.save
+    after it."""
+    return {"rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+            **strategy.device_rng_state()}
 
 
 def restore(model, state: dict, training: bool = False) -> None:
@@ -50,6 +59,7 @@ def restore(model, state: dict, training: bool = False) -> None:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(device_state.cpu(), index)
+        model.strategy.load_device_rng_state(state)
 
 
 def saved_arguments(state: dict, path, net, loss, optimizer, metrics, keywords: dict) -> tuple[tuple, dict]:

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import torch
 
-from easyfit.saving.checkpoint import FORMAT_KEY, save_file_atomically
+from easyfit.saving.checkpoint import FORMAT_KEY, as_data, load_data, save_file_atomically
 
 
 def as_arrays(state: dict) -> list[np.ndarray]:
@@ -31,18 +31,35 @@ def from_arrays(state: dict, weights: list) -> dict:
 
 def save_state(state: dict, path: str | os.PathLike) -> None:
     """Write a state dict (on the CPU) atomically; `net.load_state_dict(torch.load(path))` reads it."""
-    save_file_atomically(path, {key: value.detach().cpu() for key, value in state.items()})
+    save_file_atomically(path, as_data({key: value.detach().cpu() for key, value in state.items()}))
 
 
-def read_state(path: str | os.PathLike) -> dict:
-    """The state dict in a file written by `save_state` (or `torch.save(net.state_dict())`), or a checkpoint's."""
+def read_state(path: str | os.PathLike, current: dict, trusted: bool = False) -> dict:
+    """The state dict in a file written by `save_state` (or `torch.save(net.state_dict())`), or a checkpoint's, read
+    as data (`trusted`: see checkpoint.load_data), after checking that it fits `current` (the net's state dict), so
+    that a file that does not fit changes nothing."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_data(path, "cpu", trusted)
     if isinstance(state, dict) and FORMAT_KEY in state:
         state = state["net"]
     if not isinstance(state, dict):
         raise TypeError(f"{path!r} holds a {type(state).__name__}, not a state dict; save it with "
                         "model.save_weights(path) or torch.save(net.state_dict(), path)")
+    check_fits(current, state, f"load_weights({path!r})")
     return state
+
+
+def check_fits(current: dict, state: dict, call: str) -> None:
+    """Raise, naming every difference, unless `state` has exactly the entries of `current`, each of its shape."""
+    missing = [name for name in current if name not in state]
+    unexpected = [name for name in state if name not in current]
+    shapes = [f"{name}: the net has {tuple(current[name].shape)}, the file {tuple(value.shape)}"
+              for name, value in state.items() if name in current and hasattr(value, "shape")
+              and tuple(value.shape) != tuple(current[name].shape)]
+    problems = [*([f"missing {', '.join(missing)}"] if missing else []),
+                *([f"not in the net {', '.join(unexpected)}"] if unexpected else []), *shapes]
+    if problems:
+        raise ValueError(f"{call}: the weights do not fit this net, which is left unchanged ({'; '.join(problems)}). "
+                         "Build the net as it was when the weights were saved (same layers and sizes).")

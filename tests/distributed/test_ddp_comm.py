@@ -87,7 +87,7 @@ def test_a_resumed_fit_continues_the_communication_hook_exactly(tmp_path, option
                      for name, value in outcomes["straight"][0]["state"].items())
     print(f"{options}: resumed vs straight, max weight difference {difference:.1e}")
     assert difference <= 1e-7
-    checkpoint = torch.load(tmp_path / "resumed" / "epoch1.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "resumed" / "epoch1.pt", weights_only=True)
     assert len(checkpoint["communication"]) == 2 and checkpoint["communication"][0]["iter"] > 0
 
 
@@ -114,7 +114,7 @@ def test_model_averaging_resumes_where_it_stood(tmp_path):
     expected = local_sgd_reference(period=3, resumed_after=4)
     for step, (actual, wanted) in enumerate(zip(ranks[0]["snapshots"], expected[4:]), start=5):
         torch.testing.assert_close(actual, wanted, rtol=0, atol=1e-5, msg=f"step {step} vs plain PyTorch")
-    checkpoint = torch.load(tmp_path / "epoch1.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "epoch1.pt", weights_only=True)
     assert checkpoint["optimizer"]["step"] == 4, "the averager's step is saved with the optimizer"
 
 

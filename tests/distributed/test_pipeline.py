@@ -88,7 +88,7 @@ def test_two_stages_train_evaluate_save_and_resume_as_plain_pytorch(tmp_path):
     print(f"resume onto another number of stages: max weight difference {difference:.2e}")
     assert difference <= 1e-5
     plain = make_pipeline_net()   # a checkpoint written during fit is one plain state dict
-    plain.load_state_dict(torch.load(resumed["checkpoint"], weights_only=False)["net"])
+    plain.load_state_dict(torch.load(resumed["checkpoint"], weights_only=True)["net"])
     restored = easyfit.Model.load(resumed["saved"], net=make_pipeline_net())
     torch.testing.assert_close(restored.net.state_dict(), resumed["weights"], rtol=0, atol=0)
     assert len(restored.optimizer.state_dict()["state"]) == 6   # Adam's state of every stage's parameters

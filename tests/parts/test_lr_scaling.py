@@ -82,6 +82,6 @@ def test_resuming_with_another_scale_rescales_the_checkpoint_lrs(tmp_path):
     model.optimizer.param_groups[0]["lr"] = 0.1
     model.save(tmp_path / "ckpt.pt")
     fresh = easyfit.Model(torch.nn.Linear(3, 2), "cross_entropy", "sgd")
-    fresh.restore(torch.load(tmp_path / "ckpt.pt", weights_only=False))
+    fresh.restore(torch.load(tmp_path / "ckpt.pt", weights_only=True))
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
     assert math.isclose(fresh._lr_multiplier, 1.0)

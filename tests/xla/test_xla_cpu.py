@@ -110,7 +110,7 @@ def test_checkpoints_hold_cpu_tensors_that_a_plain_net_loads(tmp_path):
     model = xla_fit("Adam", epochs=1, callbacks=[ModelCheckpoint(str(tmp_path / "during.pt"))])
     model.save(tmp_path / "after.pt")
     for name in ("during.pt", "after.pt"):
-        state = torch.load(tmp_path / name, map_location=None, weights_only=False)
+        state = torch.load(tmp_path / name, map_location=None, weights_only=True)
         tensors = [*state["net"].values(), *[v for s in state["optimizer"]["state"].values() for v in s.values()]]
         assert all(tensor.device.type == "cpu" for tensor in tensors), name
         plain = net()

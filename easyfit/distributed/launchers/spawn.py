@@ -22,7 +22,7 @@ from easyfit.distributed.launchers.failures import (
     stuck_ranks,
 )
 from easyfit.distributed.pickling import check_picklable
-from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.saving.checkpoint import save_file_atomically
 
 RESULT_FILE = "result.pt"
 WATCH_INTERVAL = 0.1
@@ -73,8 +73,7 @@ class ProcessLauncher(Launcher):
             except BaseException:
                 _stop_processes(processes.processes)
                 raise
-            # on the CPU: a CUDA context in the caller would make its next forked ranks (ddp_notebook) fail
-            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), map_location="cpu")["result"]
+            return read_result(exchange_dir)
         finally:
             shutil.rmtree(exchange_dir, ignore_errors=True)
 
@@ -104,11 +103,18 @@ def run_and_report(rank: int, exchange_dir: str, run: Callable[[], Any]) -> None
     try:
         result = run()
         if rank == 0:
-            save_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
+            save_file_atomically(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
     except BaseException:
         with open(os.path.join(exchange_dir, str(rank)), "w", encoding="utf-8") as file:
             file.write(traceback.format_exc())
         raise
+
+
+def read_result(exchange_dir: str) -> Any:
+    """Rank 0's result, unpickled: it is any object the call returned, and the file is this run's own, written by its
+    rank 0 into the private folder (mkdtemp: the caller's user only) this call made and removes. No path a user gives
+    reaches here. On the CPU: a CUDA context in the caller would make its next forked ranks (ddp_notebook) fail."""
+    return torch.load(os.path.join(exchange_dir, RESULT_FILE), map_location="cpu", weights_only=False)["result"]
 
 
 def _check_fork_allowed() -> None:

@@ -9,8 +9,7 @@ from typing import Any, Callable
 
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import exchange_directory, rank_failure, root_cause
-from easyfit.distributed.launchers.spawn import RESULT_FILE, run_and_report
-from easyfit.saving.checkpoint import load_checkpoint_file
+from easyfit.distributed.launchers.spawn import read_result, run_and_report
 
 
 class XLALauncher(Launcher):
@@ -36,7 +35,7 @@ class XLALauncher(Launcher):
                 if cause is None:
                     raise
                 raise cause from None
-            return load_checkpoint_file(os.path.join(exchange_dir, RESULT_FILE))["result"]
+            return read_result(exchange_dir)
         finally:
             shutil.rmtree(exchange_dir, ignore_errors=True)
 

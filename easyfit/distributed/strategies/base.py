@@ -182,7 +182,16 @@ class Strategy:
             save_checkpoint_file(path, state)
 
     def load_checkpoint(self, path: str) -> dict:
+        """The checkpoint at `path`, read as data (a file that needs unpickling is refused, see saving/checkpoint)."""
         return load_checkpoint_file(path, map_location=self.root_device)
+
+    def device_rng_state(self) -> dict:
+        """{checkpoint key: state} of a random generator of this strategy's device besides torch's CPU and CUDA ones
+        (XLA's), as numbers or tensors; none here."""
+        return {}
+
+    def load_device_rng_state(self, state: dict) -> None:
+        """Put back what `device_rng_state` saved in the checkpoint `state` (resuming)."""
 
     # --- data -----------------------------------------------------------------------
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:

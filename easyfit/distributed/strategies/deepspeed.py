@@ -34,7 +34,8 @@ from easyfit.distributed.strategy_parts.sharding import (
     without_weights,
 )
 from easyfit.parts.precision import Precision, cpu_supports_fp16
-from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION
+from easyfit.saving.backend_folders import check_deepspeed_folder
+from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION, as_data
 from easyfit.utils.tensors import map_tensors
 
 STATE_FORMATS = ("full", "sharded")
@@ -284,13 +285,14 @@ class DeepSpeedStrategy(DDPStrategy):
         # what easyfit.saving.convert needs to write the optimizer state in the plain optimizer's form
         rest.update(param_names=self._names, param_groups=self.full_state.plain_groups(self._optimizer))
         self.engine.save_checkpoint(path, tag="checkpoint",
-                                    client_state={DEEPSPEED_CLIENT_KEY: {FORMAT_KEY: FORMAT_VERSION, **rest}})
+                                    client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
 
     def load_checkpoint(self, path: str) -> dict:
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
         if self.engine is None:
             raise directory_outside_fit(path, "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it")
+        check_deepspeed_folder(os.path.join(path, "checkpoint"))   # DeepSpeed unpickles: checked as data first
         _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
         rest = {key: value for key, value in client_state[DEEPSPEED_CLIENT_KEY].items()

@@ -36,6 +36,7 @@ from easyfit.distributed.strategy_parts.sharding import (
     without_weights,
 )
 from easyfit.parts.precision import Precision
+from easyfit.saving.backend_folders import check_dcp_folder
 from easyfit.saving.checkpoint import FSDP_META_FILE, load_checkpoint_file, save_checkpoint_file
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -242,6 +243,7 @@ class FSDPStrategy(DDPStrategy):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")
+        check_dcp_folder(path)   # torch unpickles its metadata: checked as data first
         rest.pop("param_names")
         template = {"net": self._sharded.state_dict(), "optimizer": get_optimizer_state_dict(self._sharded,
                                                                                               self._optimizer)}

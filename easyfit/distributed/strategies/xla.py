@@ -199,16 +199,21 @@ class XLAStrategy(Strategy):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         return _to_cpu(super().optimizer_state(optimizer))
 
-    def save_checkpoint(self, path: str, state: dict) -> None:
+    def device_rng_state(self) -> dict:
+        """The XLA device's random seed, while this process holds the device (not in a caller whose ranks
+        torch_xla.launch started: asking there would start the XLA runtime in it)."""
+        if not self.running:
+            return {}
         import torch_xla.core.xla_model as xm
-        super().save_checkpoint(path, {**state, XLA_RNG_KEY: xm.get_rng_state(self.root_device)})
+        return {XLA_RNG_KEY: int(xm.get_rng_state(self.root_device))}
+
+    def load_device_rng_state(self, state: dict) -> None:
+        if state.get(XLA_RNG_KEY) is not None and self.running:
+            import torch_xla.core.xla_model as xm
+            xm.set_rng_state(int(state[XLA_RNG_KEY]), self.root_device)
 
     def load_checkpoint(self, path: str) -> dict:
-        import torch_xla.core.xla_model as xm
-        state = load_checkpoint_file(path, map_location=CPU)
-        if state.get(XLA_RNG_KEY) is not None:
-            xm.set_rng_state(state.pop(XLA_RNG_KEY), self.root_device)
-        return state
+        return load_checkpoint_file(path, map_location=CPU)
 
     # --- step -----------------------------------------------------------------------
     def clip_gradients(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,

@@ -13,8 +13,10 @@ import math
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-#: the fields of PowerSGD's state kept as they are (not per bucket)
-SCALAR_FIELDS = ("iter", "rng")
+from easyfit.saving.checkpoint import numpy_generator, numpy_generator_state
+
+#: the fields of PowerSGD's state kept as they are (not per bucket); its numpy generator is saved as data apart
+SCALAR_FIELDS = ("iter",)
 
 
 class LaidOutPowerSGD:
@@ -42,11 +44,13 @@ class LaidOutPowerSGD:
     def state_dict(self) -> dict:
         """Between iterations (nothing in flight): the scalars and every parameter's pieces."""
         self._cut(set(self.layouts))
-        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS}, "pieces": dict(self.loose)}
+        return {**{name: getattr(self.state, name) for name in SCALAR_FIELDS},
+                "rng": numpy_generator_state(self.state.rng), "pieces": dict(self.loose)}
 
     def load_state_dict(self, saved: dict) -> None:
         for name in SCALAR_FIELDS:
             setattr(self.state, name, saved[name])
+        self.state.rng = numpy_generator(saved["rng"])
         self.state.error_dict.clear()
         self.state.p_memory_dict.clear()
         self.state.q_memory_dict.clear()
@@ -90,3 +94,4 @@ class LaidOutPowerSGD:
                 self._buffers()[kind][index] = torch.cat(found)
                 for position, _ in pieces:
                     del self.loose[position][kind]
+
