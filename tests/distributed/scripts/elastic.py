@@ -118,10 +118,14 @@ def main() -> None:
         net = nn.Sequential(recorder, net)
         x = torch.cat([x, torch.arange(len(x), dtype=x.dtype)[:, None]], dim=1)
         callbacks.append(Position(recorder))
-    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=LR))
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    # a user's fit: a metric, validation data and a scheduler (the LR halves after the second epoch)
+    model = easyfit.Model(net, "cross_entropy", optimizer, metrics=["accuracy"],
+                          scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5))
     strategy = easyfit.strategies.FSDP(state_dict_type="sharded") if args.strategy == "fsdp-sharded" else args.strategy
     devices = "auto" if "TORCHELASTIC_RUN_ID" in os.environ else 2
     history = model.fit(x, y, epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle=args.record, verbose=0,
+                        validation_data=(x[:40], y[:40]),
                         callbacks=callbacks, strategy=strategy, devices=devices, accelerator="cpu",
                         max_restarts=args.max_restarts, fault_tolerance_every_n_steps=args.every)
     if model.is_global_zero:
