@@ -13,16 +13,24 @@ from __future__ import annotations
 import copy
 import pickle
 
+import torch
+
 from easyfit.distributed.hand_back import callback_attributes, restore_callback_attributes
+from easyfit.distributed.strategy_parts.construction import built_sharded
 from easyfit.utils.tensors import map_tensors
 
 
 class AttemptStart:
-    """A copy (on the CPU) of the caller's Model and callbacks before the first attempt, and putting it back."""
+    """A copy (on the CPU) of the caller's Model and callbacks before the first attempt, and putting it back.
+
+    A net built sharded (`strategy.module_construction()`) holds no weights to copy before its first fit: its
+    weights and optimizer come from the fault-tolerance checkpoint alone; the rest is put back as for any net."""
 
     def __init__(self, model, callbacks: list):
         self.model, self.callbacks = model, list(callbacks)
-        self.state = copy.deepcopy(map_tensors(lambda tensor: tensor.detach().cpu(), model.checkpoint_state()))
+        state = model.checkpoint_state() if built_sharded(model.net) is None else None
+        self.state = copy.deepcopy(map_tensors(lambda tensor: tensor.detach().cpu(), state))
+        self.rng = torch.get_rng_state()
         self.metrics = copy.deepcopy(model.metrics)
         self.attributes = pickle.dumps(callback_attributes(self.callbacks))
         self.objects = (model.history, model._callbacks, model._precision)
@@ -31,7 +39,9 @@ class AttemptStart:
         """The caller's objects as they were before the first attempt (a fresh copy each time)."""
         model = self.model
         model.history, model._callbacks, model._precision = self.objects
-        model.restore(copy.deepcopy(self.state), training=True)   # weights, optimizer, RNG, History, epoch, ...
+        if self.state is not None:   # weights, optimizer, scheduler, History, epoch, ...
+            model.restore(copy.deepcopy(self.state), training=True)
+        torch.set_rng_state(self.rng)
         model.metrics = copy.deepcopy(self.metrics)
         model.stop_training = False
         restore_callback_attributes(self.callbacks, pickle.loads(self.attributes))

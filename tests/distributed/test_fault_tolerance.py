@@ -57,7 +57,7 @@ def _assert_checkpoints_deleted(out: Path) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     """The same fit, 2 processes (easyfit's launcher, ddp), never failing and without fault tolerance; a
-    ModelCheckpoint every 3 batches (4 an epoch) leaves ck-2-2.pt, written in the middle of the second epoch."""
+    ModelCheckpoint every 3 batches (4 an epoch) leaves ck-3-1.pt, written in the middle of the third epoch."""
     out = tmp_path_factory.mktemp("uninterrupted")
     process = _run(out, sys.executable, SCRIPT, str(out), "--save-every", "3")
     assert process.returncode == 0, process.stderr[-3000:]
@@ -65,43 +65,45 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("strategy, failure", [
-    ("ddp", "0:raise:0:1:2"),         # rank 0 (the caller's process) raises in epoch 2
-    ("ddp", "0:raise:1:1:2"),         # rank 1 raises in epoch 2
-    ("ddp", "0:kill:1:1:2"),          # rank 1 is killed mid-epoch
-    ("fsdp", "0:kill:1:1:2"),         # the same, sharded
-    ("ddp_spawn", "0:raise:1:1:2"),   # spawned ranks: every attempt starts from a copy of the caller's objects
+    ("ddp", "0:raise:0:1:1"),         # rank 0 (the caller's process) raises in epoch 2
+    ("ddp", "0:raise:1:1:1"),         # rank 1 raises in epoch 2
+    ("ddp", "0:kill:1:1:1"),          # rank 1 is killed mid-epoch
+    ("fsdp", "0:kill:1:1:1"),         # the same, sharded
+    ("ddp_spawn", "0:raise:1:1:1"),   # spawned ranks: every attempt starts from a copy of the caller's objects
 ])
 def test_max_restarts_restart_a_fit_with_a_metric_that_continues_exactly(uninterrupted, tmp_path, strategy, failure):
-    """fit(max_restarts=1) with a fault-tolerance checkpoint every 2 steps: the failure after batch 2 of epoch 2
-    restarts every rank, which resume in the middle of the epoch, its loss and accuracy so far included. (Before,
-    rank 0 of the script re-run kept the first attempt's metrics, whose task it had already shared, and the new rank
-    1 waited in another collective: the restarted attempt failed again.)"""
+    """fit(max_restarts=1) with a fault-tolerance checkpoint every step: the failure in batch 1 of epoch 2 (before
+    its checkpoint) restarts every rank, which resume after batch 0, the epoch's loss and accuracy so far included
+    (before, the accuracy logged for epoch 2 counted batches 1-3 only). Before too, rank 0 of the script re-run kept
+    the first attempt's metrics, whose task it had already shared, and the new rank 1 waited in another collective:
+    the restarted attempt failed again."""
     process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--strategy", strategy, "--max-restarts", "1",
-                   "--every", "2", "--fail", failure)
+                   "--every", "1", "--fail", failure)
     assert process.returncode == 0, process.stderr[-5000:]
     rank = failure.split(":")[2]
     assert f"easyfit: attempt 1 failed: rank {rank}: " in process.stderr
-    assert "resumed after restart 1 from epoch 2, step 2" in process.stderr
+    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
     _assert_same_run(_result(tmp_path), uninterrupted)
     _assert_checkpoints_deleted(tmp_path)
 
 
 def test_torchrun_restarts_a_ddp_fit_killed_mid_epoch_that_continues_exactly(uninterrupted, tmp_path):
-    """Rank 0 killed after batch 2 of epoch 2 (a checkpoint every 2 steps): the restarted workers resume at step 2
-    with the epoch's loss and each rank's accuracy state so far."""
+    """Rank 0 killed in batch 1 of epoch 2 (a checkpoint every step): the restarted workers resume at step 1 with
+    the epoch's loss and each rank's accuracy state so far (before, epoch 2's accuracy counted batches 1-3 only)."""
     process = _run(tmp_path, *_torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=1"), SCRIPT,
-                   str(tmp_path), "--every", "2", "--fail", "0:kill:0:1:2")
+                   str(tmp_path), "--every", "1", "--fail", "0:kill:0:1:1")
     assert process.returncode == 0, process.stderr[-5000:]
-    assert "resumed after restart 1 from epoch 2, step 2" in process.stderr
+    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
     _assert_same_run(_result(tmp_path), uninterrupted)
     _assert_checkpoints_deleted(tmp_path)
 
 
 def test_a_mid_epoch_model_checkpoint_resumes_on_two_processes_with_the_whole_history(uninterrupted, tmp_path):
-    """fit(resume_from=) a ModelCheckpoint written after batch 2 of epoch 2 by the uninterrupted run: rank 0 carries
-    the loss both ranks summed before it, each rank its own accuracy state."""
+    """fit(resume_from=) a ModelCheckpoint written after batch 1 of epoch 3 by the uninterrupted run: rank 0 carries
+    the loss both ranks summed before it, each rank its own accuracy state (before, every rank restored rank 0's own
+    loss, and the accuracy counted the batches after the resume only)."""
     process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--save-every", "3", "--resume",
-                   str(uninterrupted["folder"] / "ck-2-2.pt"))
+                   str(uninterrupted["folder"] / "ck-3-1.pt"))
     assert process.returncode == 0, process.stderr[-5000:]
     _assert_same_run(_result(tmp_path), uninterrupted)
 
