@@ -33,7 +33,10 @@ class EpochPosition:
         rank, world_size = (0, 1) if strategy is None else (strategy.global_rank, strategy.world_size)
         # RNG states are CPU byte tensors, wherever the checkpoint was loaded to (map_location)
         position = cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]) if rank == 0 else (0.0, 0))
-        if metrics is not None and state.get("metrics") is not None:
+        if metrics is not None and state.get("metrics") is None:   # written before checkpoints held them
+            metrics.reset()
+            position.inexact_metrics = list(metrics.names)
+        elif metrics is not None:
             device = torch.device("cpu") if strategy is None else strategy.root_device
             position.inexact_metrics = metric_state.restore(metrics, state["metrics"], rank, world_size, device)
         return position

@@ -51,6 +51,22 @@ def test_a_mid_epoch_checkpoint_resumes_the_epochs_metrics_with_its_loss(make_ne
     assert "counts only" not in resumed.params["summary"]
 
 
+def test_a_checkpoint_without_metric_states_says_what_the_resumed_epochs_metrics_count(make_net, classification,
+                                                                                        tmp_path):
+    """A mid-epoch checkpoint written before checkpoints held the metrics' state: the metrics start the rest of the
+    epoch empty (not with what an evaluate left in them), and the summary line says so."""
+    x, y = classification
+    _fit(_model(make_net), x, y, [ModelCheckpoint(str(tmp_path / "ck-{epoch}-{batch}.pt"), save_freq=5)])
+    state = torch.load(tmp_path / "ck-2-3.pt", weights_only=True)
+    del state["position"]["metrics"]
+    torch.save(state, tmp_path / "old.pt")
+    model = _model(make_net)
+    model.evaluate(x, y, verbose=0)
+    resumed = _fit(model, x, y, [], resume_from=tmp_path / "old.pt")
+    assert resumed.params["summary"].endswith("; epoch 2's accuracy, f1, auroc count only the batches after the resume")
+    _assert_same_history(resumed.history, _fit(_model(make_net), x, y, [], resume_from=tmp_path / "old.pt").history)
+
+
 class CrashOnce(Callback):
     """Raises after batch 5 of the second epoch, the first time only."""
 
