@@ -153,6 +153,7 @@ def test_a_restart_on_fewer_processes_reshards_the_data_and_rescales_the_lr(tmp_
     assert outcome["world_size"] == 1 and len(outcome["history"]["loss"]) == 4
     assert ("resumed the run's checkpoint from epoch 2, step 2; world size 2 → 1: the data re-sharded over 1 "
             "process (the epoch continues at step 4), lr 0.1 → 0.05") in outcome["summary"]
+    assert "counts only" not in outcome["summary"]   # both ranks' accuracy states merged into the one left
     before = _seen(tmp_path, "seen-2-0-*.txt", epoch=1, batches=range(2))   # trained before the checkpoint
     after = {epoch: _seen(tmp_path, "seen-1-0-0.txt", epoch) for epoch in (1, 2, 3)}
     assert sorted(before + after[1]) == list(range(128))
