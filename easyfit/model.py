@@ -356,7 +356,7 @@ class Model:
         launcher = strategy.launcher
         if method == "fit":
             from easyfit.distributed.launchers.restarts import with_restarts
-            launcher = with_restarts(launcher, strategy, inputs["options"].max_restarts)
+            launcher = with_restarts(launcher, strategy, inputs["options"], self)
         if launcher is None:
             return self._in_process(strategy, method, run, **inputs)[0]
         result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)

@@ -4,29 +4,47 @@ from __future__ import annotations
 import os
 
 from easyfit.callbacks.base import Callback
+from easyfit.utils.checks import check_positive_int
 
 BACKUP_FILE = "backup.pt"
 
 
 class BackupAndRestore(Callback):
-    """Write a full checkpoint to `backup_dir` at the end of every epoch; a fit started with a BackupAndRestore
-    whose folder holds one resumes from it exactly (weights, optimizer, RNG, callbacks' states, history), as
+    """Write a full checkpoint to `backup_dir` at the end of every epoch (`save_freq="epoch"`) or every `save_freq`
+    training batches; a fit started with a BackupAndRestore whose folder holds one resumes from it exactly (weights,
+    optimizer, RNG, callbacks' states, history, and mid-epoch the epoch's position, loss and metric states), as
     `fit(resume_from=...)` does. When the fit ends without an error the backup is deleted (`delete_checkpoint`).
 
     Use a folder of its own for each run. A backup takes precedence over `fit(resume_from=...)`: it is newer.
     """
 
     runs_last = True   # after the other callbacks, so that the backup holds their state for the epoch
+    may_stop_training = False
 
-    def __init__(self, backup_dir: str | os.PathLike, save_freq: str = "epoch", delete_checkpoint: bool = True):
+    def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch", delete_checkpoint: bool = True):
         if save_freq != "epoch":
-            raise ValueError(f"BackupAndRestore: save_freq must be 'epoch' (a backup is written after each "
-                             f"epoch), got {save_freq!r}")
-        self.backup_dir, self.delete_checkpoint = os.fspath(backup_dir), delete_checkpoint
+            check_positive_int(save_freq, "BackupAndRestore: save_freq", "'epoch' or a positive number of batches")
+        self.backup_dir, self.save_freq, self.delete_checkpoint = os.fspath(backup_dir), save_freq, delete_checkpoint
         self.path = os.path.join(self.backup_dir, BACKUP_FILE)
+        self.batches_since_save = 0
+
+    def state_dict(self) -> dict:
+        return {} if self.save_freq == "epoch" else {"batches_since_save": self.batches_since_save}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches_since_save = state["batches_since_save"]
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq == "epoch":
+            return
+        self.batches_since_save += 1
+        if self.batches_since_save >= self.save_freq:
+            self.batches_since_save = 0
+            self.model.save(self.path)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.model.save(self.path)
+        if self.save_freq == "epoch":
+            self.model.save(self.path)
 
     def on_train_end(self, logs=None):
         if self.delete_checkpoint and self.model.is_global_zero and os.path.exists(self.path):

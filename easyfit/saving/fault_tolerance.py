@@ -154,8 +154,6 @@ def save(model, path: str) -> None:
     strategy = model.strategy
     state = {**model.checkpoint_state(), WORLD_KEY: {"world_size": strategy.world_size,
                                                      "batch_factor": strategy.batch_factor}}
-    if state["position"] is not None and strategy.world_size > 1:   # the interrupted epoch's loss, over all ranks
-        state["position"] = {**state["position"], "loss": model.position.tracker.global_totals(strategy)}
     partial = f"{path}.partial"
     strategy.save_checkpoint(partial, state)
     if strategy.is_global_zero:
@@ -200,14 +198,12 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
     number of processes the epoch's position is carried over by samples (the global order of the samples does not
     depend on the world size), and the LRs were re-scaled for the new effective batch by `Model.restore`."""
     strategy, position = model.strategy, model.position
-    if not strategy.is_global_zero:   # rank 0 carries the loss the interrupted epoch summed over every rank
-        position.loss = (0.0, 0)
     after = f"after {run.restart_word} {run.restart}" if run.restart else "the run's checkpoint"
     note = f"resumed {after} from epoch {model.completed_epochs + 1}, step {position.batches_done}"
     saved = state.get(WORLD_KEY, {})
     old_factor, new_factor = saved.get("batch_factor", strategy.batch_factor), strategy.batch_factor
     if old_factor == new_factor:
-        return note
+        return note + position.metrics_note(model.completed_epochs, run.restart_word)
     samples = position.batches_done * batch_size * old_factor
     window = batch_size * new_factor * accumulate
     position.batches_done = samples // window * accumulate
@@ -219,4 +215,5 @@ def resume_note(model, run: Run, state: dict, batch_size: int, accumulate: int, 
     lrs = [group["lr"] for group in model.optimizer.param_groups]
     return (f"{note}; world size {saved['world_size']} → {strategy.world_size}: the data re-sharded over "
             f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''}{where}, "
-            f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}")
+            f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}"
+            f"{position.metrics_note(model.completed_epochs, run.restart_word)}")

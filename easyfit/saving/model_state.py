@@ -21,7 +21,7 @@ def checkpoint_state(model) -> dict:
         "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
         "scaler": model._precision.state_dict(),
         "epoch": model.completed_epochs,
-        "position": model.position.state_dict(),
+        "position": model.position.state_dict(strategy, model.metrics),
         "lr_multiplier": model._lr_multiplier,
         "history": model.history.state_dict(),
         "callbacks": model._callbacks.state_dict(),
@@ -54,7 +54,7 @@ def restore(model, state: dict, training: bool = False) -> None:
     if training:
         model._precision.load_state_dict(state["scaler"])
         model._callbacks.load_state_dict(state["callbacks"])
-        model.position = EpochPosition.from_state(state.get("position"))
+        model.position = EpochPosition.from_state(state.get("position"), model.strategy, model.metrics)
         torch.set_rng_state(state["rng"].cpu())
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):

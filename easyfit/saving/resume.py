@@ -5,36 +5,63 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from easyfit.parts import metric_state
+
 
 class EpochPosition:
-    """The batches the current epoch has trained, the RNG state its batches were drawn with, and its loss so far.
+    """The batches the current epoch has trained, the RNG state its batches were drawn with, its loss and its
+    metrics' state so far.
 
-    A checkpoint written mid-epoch (`ModelCheckpoint(save_freq=N)`) stores it; the resumed fit draws the epoch's
-    batches again with that RNG state (the shuffle order is a function of (seed, epoch)), drops those already
-    trained, and continues with the RNG state of the checkpoint: the weights of an uninterrupted run."""
+    A checkpoint written mid-epoch (`ModelCheckpoint(save_freq=N)`, the fault-tolerance checkpoint) stores it; the
+    resumed fit draws the epoch's batches again with that RNG state (the shuffle order is a function of (seed,
+    epoch)), drops those already trained, and continues with the RNG state of the checkpoint: the weights of an
+    uninterrupted run. The epoch's loss (summed over every rank, with its sample count) and each rank's metric state
+    are put back too: the resumed epoch logs the loss and metrics of an uninterrupted one."""
 
     def __init__(self, batches_done: int = 0, rng: torch.Tensor | None = None, loss: tuple[float, int] = (0.0, 0)):
         self.batches_done, self.rng, self.loss = batches_done, rng, loss
         self.resuming = batches_done > 0
         self.tracker = None   # the epoch's LossTracker, read when a checkpoint is written
+        self.inexact_metrics: list[str] = []   # restored metrics that count only the batches after the resume
 
     @classmethod
-    def from_state(cls, state: dict | None) -> EpochPosition:
+    def from_state(cls, state: dict | None, strategy=None, metrics=None) -> EpochPosition:
+        """The position of a checkpoint, on this rank of `strategy`: global rank 0 carries the loss every rank summed
+        before the checkpoint; `metrics` get this rank's state back (see easyfit.parts.metric_state)."""
         if not state:
             return cls()
+        rank, world_size = (0, 1) if strategy is None else (strategy.global_rank, strategy.world_size)
         # RNG states are CPU byte tensors, wherever the checkpoint was loaded to (map_location)
-        return cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]))
+        position = cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]) if rank == 0 else (0.0, 0))
+        if metrics is not None and state.get("metrics") is None:   # written before checkpoints held them
+            metrics.reset()
+            position.inexact_metrics = list(metrics.names)
+        elif metrics is not None:
+            device = torch.device("cpu") if strategy is None else strategy.root_device
+            position.inexact_metrics = metric_state.restore(metrics, state["metrics"], rank, world_size, device)
+        return position
 
-    def state_dict(self) -> dict | None:
-        """None at an epoch boundary; else what `from_state` needs to resume at the next batch."""
+    def state_dict(self, strategy, metrics) -> dict | None:
+        """None at an epoch boundary; else what `from_state` needs to resume at the next batch. With several
+        processes every rank calls it (the loss is summed and the metric states gathered: two collectives)."""
         if not self.batches_done:
             return None
-        total, count = self.tracker.totals()
-        return {"batches_done": self.batches_done, "rng": self.rng, "loss": (float(total), count)}
+        total, count = self.tracker.global_totals(strategy) if strategy.world_size > 1 else self.tracker.totals()
+        return {"batches_done": self.batches_done, "rng": self.rng, "loss": (float(total), int(count)),
+                "metrics": metric_state.gather(metrics, strategy)}
+
+    def metrics_note(self, epoch: int, word: str) -> str:
+        """"; ..." naming the resumed epoch's metrics that count only its batches after the resume (their state could
+        not be restored: see easyfit.parts.metric_state); "" when every metric continues exactly."""
+        names = self.inexact_metrics
+        if not names or not self.resuming:
+            return ""
+        return (f"; epoch {epoch + 1}'s {', '.join(names)} {'counts' if len(names) == 1 else 'count'} only the "
+                f"batches after the {word}")
 
     def begin(self, batches: Iterable, tracker, accumulate: int, epoch: int) -> tuple[Iterable, int]:
         """(the batches this epoch still trains, the index of the first); a resumed epoch's tracker gets the loss
-        of the batches trained before the checkpoint."""
+        of the batches trained before the checkpoint (its metrics got their state when the checkpoint was loaded)."""
         self.tracker = tracker
         if not self.resuming:
             self.batches_done, self.rng = 0, torch.get_rng_state()

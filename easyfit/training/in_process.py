@@ -82,6 +82,8 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
             initial_epoch = model.completed_epochs
         if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
             fault_tolerance.begin(model, run, state, options, params, initial_epoch)
+        elif state is not None:
+            params["summary"] += model.position.metrics_note(initial_epoch, "resume")
         warmup = warmup_for(options, train, optimizer, multiplier, initial_epoch, model.position)
         if options.verbose and strategy.is_global_zero:
             print(params["summary"])

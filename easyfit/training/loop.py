@@ -177,7 +177,8 @@ class Loop:
         position, forward_loss = model.position, self.steps.step("train")
         remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
         net.train()
-        metrics.reset()
+        if not first:   # a resumed epoch's metrics hold the state of its batches before the checkpoint
+            metrics.reset()
         first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, loss_fn, None)
         with strategy.uneven_inputs(net) if uneven else SYNC:
             for step, batch in enumerate(strategy.feed(remaining), first):

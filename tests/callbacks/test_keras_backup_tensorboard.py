@@ -59,11 +59,6 @@ def test_a_crashed_fit_started_again_with_the_same_call_equals_an_uninterrupted_
     assert not (tmp_path / "backup.pt").exists()   # a fit that ends well deletes its backup
 
 
-def test_backup_and_restore_accepts_only_epoch_backups(tmp_path):
-    with pytest.raises(ValueError, match="save_freq must be 'epoch'"):
-        BackupAndRestore(tmp_path, save_freq=10)
-
-
 def read_events(folder):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})

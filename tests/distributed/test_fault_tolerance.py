@@ -1,6 +1,8 @@
 """Fault tolerance for real: ranks killed (SIGKILL) or failing in a callback under torchrun and under easyfit's own
 `max_restarts`; every restarted attempt continues from the fault-tolerance checkpoint, and the finished run equals one
-that never failed. Each run combines several failures (one per attempt) to keep the suite short."""
+that never failed: its weights bit for bit, its whole History (loss, metric, validation) within 1e-6. The fit is a
+user's (a metric, validation data, an LR scheduler). Some runs combine several failures (one per attempt) to keep the
+suite short."""
 from __future__ import annotations
 
 import os
@@ -35,12 +37,15 @@ def _result(out: Path) -> dict:
 
 
 def _assert_same_run(outcome: dict, expected: dict) -> None:
-    """Bit for bit the weights of the run that never failed; every epoch once in the History; the callback's count
-    carried over the restarts."""
+    """Bit for bit the weights of the run that never failed; every epoch once in the History, each of its values
+    (the interrupted epoch's training accuracy included) that run's; the callback's count carried over the
+    restarts."""
     for name, value in expected["state"].items():
         assert (outcome["state"][name] - value).abs().max().item() == 0.0, name
-    assert len(outcome["history"]["loss"]) == 4
-    assert outcome["history"]["loss"] == pytest.approx(expected["history"]["loss"], abs=1e-6)
+    history = outcome["history"]
+    assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"] and len(history["loss"]) == 4
+    for key, values in expected["history"].items():
+        assert history[key] == pytest.approx(values, abs=1e-6), key
     assert outcome["count"] == expected["count"] == 16
 
 
@@ -51,11 +56,56 @@ def _assert_checkpoints_deleted(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
-    """The same fit, 2 processes (easyfit's launcher, ddp), never failing and without fault tolerance."""
+    """The same fit, 2 processes (easyfit's launcher, ddp), never failing and without fault tolerance; a
+    ModelCheckpoint every 3 batches (4 an epoch) leaves ck-3-1.pt, written in the middle of the third epoch."""
     out = tmp_path_factory.mktemp("uninterrupted")
-    process = _run(out, sys.executable, SCRIPT, str(out))
+    process = _run(out, sys.executable, SCRIPT, str(out), "--save-every", "3")
     assert process.returncode == 0, process.stderr[-3000:]
-    return _result(out)
+    return {**_result(out), "folder": out}
+
+
+@pytest.mark.parametrize("strategy, failure", [
+    ("ddp", "0:raise:0:1:1"),         # rank 0 (the caller's process) raises in epoch 2
+    ("ddp", "0:raise:1:1:1"),         # rank 1 raises in epoch 2
+    ("ddp", "0:kill:1:1:1"),          # rank 1 is killed mid-epoch
+    ("fsdp", "0:kill:1:1:1"),         # the same, sharded
+    ("ddp_spawn", "0:raise:1:1:1"),   # spawned ranks: every attempt starts from a copy of the caller's objects
+])
+def test_max_restarts_restart_a_fit_with_a_metric_that_continues_exactly(uninterrupted, tmp_path, strategy, failure):
+    """fit(max_restarts=1) with a fault-tolerance checkpoint every step: the failure in batch 1 of epoch 2 (before
+    its checkpoint) restarts every rank, which resume after batch 0, the epoch's loss and accuracy so far included
+    (before, the accuracy logged for epoch 2 counted batches 1-3 only). Before too, rank 0 of the script re-run kept
+    the first attempt's metrics, whose task it had already shared, and the new rank 1 waited in another collective:
+    the restarted attempt failed again."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--strategy", strategy, "--max-restarts", "1",
+                   "--every", "1", "--fail", failure)
+    assert process.returncode == 0, process.stderr[-5000:]
+    rank = failure.split(":")[2]
+    assert f"easyfit: attempt 1 failed: rank {rank}: " in process.stderr
+    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
+    _assert_same_run(_result(tmp_path), uninterrupted)
+    _assert_checkpoints_deleted(tmp_path)
+
+
+def test_torchrun_restarts_a_ddp_fit_killed_mid_epoch_that_continues_exactly(uninterrupted, tmp_path):
+    """Rank 0 killed in batch 1 of epoch 2 (a checkpoint every step): the restarted workers resume at step 1 with
+    the epoch's loss and each rank's accuracy state so far (before, epoch 2's accuracy counted batches 1-3 only)."""
+    process = _run(tmp_path, *_torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=1"), SCRIPT,
+                   str(tmp_path), "--every", "1", "--fail", "0:kill:0:1:1")
+    assert process.returncode == 0, process.stderr[-5000:]
+    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
+    _assert_same_run(_result(tmp_path), uninterrupted)
+    _assert_checkpoints_deleted(tmp_path)
+
+
+def test_a_mid_epoch_model_checkpoint_resumes_on_two_processes_with_the_whole_history(uninterrupted, tmp_path):
+    """fit(resume_from=) a ModelCheckpoint written after batch 1 of epoch 3 by the uninterrupted run: rank 0 carries
+    the loss both ranks summed before it, each rank its own accuracy state (before, every rank restored rank 0's own
+    loss, and the accuracy counted the batches after the resume only)."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--save-every", "3", "--resume",
+                   str(uninterrupted["folder"] / "ck-3-1.pt"))
+    assert process.returncode == 0, process.stderr[-5000:]
+    _assert_same_run(_result(tmp_path), uninterrupted)
 
 
 def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, tmp_path):
@@ -103,6 +153,7 @@ def test_a_restart_on_fewer_processes_reshards_the_data_and_rescales_the_lr(tmp_
     assert outcome["world_size"] == 1 and len(outcome["history"]["loss"]) == 4
     assert ("resumed the run's checkpoint from epoch 2, step 2; world size 2 → 1: the data re-sharded over 1 "
             "process (the epoch continues at step 4), lr 0.1 → 0.05") in outcome["summary"]
+    assert "counts only" not in outcome["summary"]   # both ranks' accuracy states merged into the one left
     before = _seen(tmp_path, "seen-2-0-*.txt", epoch=1, batches=range(2))   # trained before the checkpoint
     after = {epoch: _seen(tmp_path, "seen-1-0-0.txt", epoch) for epoch in (1, 2, 3)}
     assert sorted(before + after[1]) == list(range(128))

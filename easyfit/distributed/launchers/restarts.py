@@ -2,7 +2,8 @@
 
 Each attempt gets the run id and its restart count (the ranks' fault-tolerance checkpoint restores from them, see
 easyfit.saving.fault_tolerance), a fresh port for its process group, and new processes for every rank the launcher
-starts.
+starts; where rank 0 is the caller's process, the caller's objects as they were before the first attempt
+(easyfit.distributed.attempt_start).
 Each failure's cause is printed; after the last allowed restart the caller gets `RestartsExhaustedError`.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import traceback
 import uuid
 from typing import Any, Callable
 
+from easyfit.distributed.attempt_start import AttemptStart
 from easyfit.distributed.environments import GIVEN_PORT, RESTART_COUNT_VARIABLE, find_free_port
 from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import RankFailedError
@@ -31,12 +33,16 @@ class RestartsExhaustedError(RankFailedError):
 class RestartingLauncher(Launcher):
     """Wraps a launcher that starts the ranks (script re-run, spawn, fork) and runs every attempt through it."""
 
-    def __init__(self, launcher: Launcher, strategy, max_restarts: int):
+    def __init__(self, launcher: Launcher, strategy, max_restarts: int, model=None, callbacks: list = ()):
         self.launcher, self.strategy, self.max_restarts = launcher, strategy, max_restarts
+        self.model, self.callbacks = model, callbacks   # the caller's, which rank 0 trains when it is this process
         self.rank_zero_in_caller = launcher.rank_zero_in_caller
 
     def launch(self, function: Callable, *args, **kwargs) -> Any:
         run_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        # the new ranks of a restart start from the caller's script: so does rank 0, when it runs here
+        here = self.rank_zero_in_caller and self.model is not None
+        start = AttemptStart(self.model, self.callbacks) if here else None
         with variables_set({RUN_ID_VARIABLE: run_id, RESTART_COUNT_VARIABLE: "0"}):
             for restart in range(self.max_restarts + 1):
                 os.environ[RESTART_COUNT_VARIABLE] = str(restart)
@@ -50,6 +56,8 @@ class RestartingLauncher(Launcher):
                           f"restarting every rank (restart {restart + 1} of {self.max_restarts})",
                           file=sys.stderr, flush=True)
                     self._prepare_restart()
+                    if start is not None:
+                        start.put_back()
 
     def _prepare_restart(self) -> None:
         """A new attempt: no process group or store left in this process, and a new port unless the user gave one
@@ -75,8 +83,10 @@ def cause(failure: RankFailedError) -> str:
     return lines[-1].strip() if lines else "no details"
 
 
-def with_restarts(launcher: Launcher | None, strategy, max_restarts: int) -> Launcher | None:
-    """The launcher of a fit with `max_restarts`: restarting when easyfit starts the ranks."""
+def with_restarts(launcher: Launcher | None, strategy, options, model=None) -> Launcher | None:
+    """The launcher of a fit with `options.max_restarts`: restarting when easyfit starts the ranks. `model` and the
+    options' callbacks are the caller's, put back as they were before each restart when rank 0 runs here."""
+    max_restarts = options.max_restarts
     if max_restarts == 0:
         return launcher
     environment = getattr(strategy, "environment", None)
@@ -92,4 +102,4 @@ def with_restarts(launcher: Launcher | None, strategy, max_restarts: int) -> Lau
     from easyfit.distributed.launchers.script import RelaunchedRankLauncher
     if launcher is None or isinstance(launcher, RelaunchedRankLauncher):
         return launcher
-    return RestartingLauncher(launcher, strategy, max_restarts)
+    return RestartingLauncher(launcher, strategy, max_restarts, model, options.callbacks)

@@ -1,10 +1,12 @@
 """A fit that fails on chosen attempts, run under torchrun or easyfit's own `max_restarts` by the fault-tolerance
 tests; every restarted attempt continues from the fault-tolerance checkpoint with no code here to do it.
 
-Usage: python elastic.py OUT_DIR [--strategy ddp|fsdp|fsdp-sharded] [--max-restarts N] [--launch-restarts N]
-                                 [--every N] [--record]
+Usage: python elastic.py OUT_DIR [--strategy ddp|ddp_spawn|fsdp|fsdp-sharded] [--max-restarts N]
+                                 [--launch-restarts N] [--every N] [--record] [--save-every N] [--resume PATH]
                                  [--fail ATTEMPT:MODE:RANK:EPOCH:BATCH ...]
 MODE: kill (SIGKILL), raise (an exception in a callback), or lose-node (SIGKILL the torchrun agent, then itself).
+The fit is a user's: a metric, validation data and an LR scheduler. --save-every adds a ModelCheckpoint every N
+batches (ck-<epoch>-<batch>.pt where the script starts); --resume continues from such a file (fit(resume_from=...)).
 Rank 0 writes OUT_DIR/result.pt (weights, History, the counting callback's count, the world size and LR);
 with --record every rank writes the samples it trains to OUT_DIR/seen-<world size>-<attempt>-<rank>.txt.
 """
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 import easyfit
-from easyfit.callbacks import Callback
+from easyfit.callbacks import Callback, ModelCheckpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net
@@ -103,6 +105,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=None, help="fault_tolerance_every_n_steps")
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--fail", nargs="*", default=[])
+    parser.add_argument("--save-every", type=int, default=None, help="ModelCheckpoint(save_freq=N)")
+    parser.add_argument("--resume", default=None, help="fit(resume_from=...)")
     parser.add_argument("--launch-restarts", type=int, default=None, help="easyfit.launch(max_restarts=...) first")
     args = parser.parse_args()
     if args.launch_restarts is not None:
@@ -118,12 +122,19 @@ def main() -> None:
         net = nn.Sequential(recorder, net)
         x = torch.cat([x, torch.arange(len(x), dtype=x.dtype)[:, None]], dim=1)
         callbacks.append(Position(recorder))
-    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=LR))
+    if args.save_every:
+        callbacks.append(ModelCheckpoint("ck-{epoch}-{batch}.pt", save_freq=args.save_every))
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    # a user's fit: a metric, validation data and a scheduler (the LR halves after the second epoch)
+    model = easyfit.Model(net, "cross_entropy", optimizer, metrics=["accuracy"],
+                          scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5))
     strategy = easyfit.strategies.FSDP(state_dict_type="sharded") if args.strategy == "fsdp-sharded" else args.strategy
     devices = "auto" if "TORCHELASTIC_RUN_ID" in os.environ else 2
     history = model.fit(x, y, epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle=args.record, verbose=0,
+                        validation_data=(x[:40], y[:40]),
                         callbacks=callbacks, strategy=strategy, devices=devices, accelerator="cpu",
-                        max_restarts=args.max_restarts, fault_tolerance_every_n_steps=args.every)
+                        max_restarts=args.max_restarts, fault_tolerance_every_n_steps=args.every,
+                        resume_from=args.resume)
     if model.is_global_zero:
         torch.save({"state": net.state_dict(), "history": history.history, "count": callbacks[1].count,
                     "world_size": history.params["world_size"], "summary": history.params["summary"],
