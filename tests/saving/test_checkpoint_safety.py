@@ -313,6 +313,7 @@ OWN_PICKLES = {
     ("distributed/launchers/spawn.py", "read_result"): "rank 0's result, from the call's private mkdtemp folder",
     ("distributed/launchers/spawn.py", "run"): "the work the caller pickled for its spawned ranks",
     ("distributed/launchers/xla.py", "run"): "the work the caller pickled for torch_xla's replicas",
+    ("distributed/attempt_start.py", "put_back"): "the callbacks' attributes this process pickled in memory",
 }
 
 
