@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from easyfit.data.batches import check_not_empty
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.training.options import FitOptions, RunOptions, split_options
 from easyfit.tuning.trial import undone_afterwards
@@ -96,6 +97,7 @@ def check_search(x, start: int, max_batch_size: int | None, max_memory: int | No
     if taken:
         raise TypeError(f"find_batch_size runs its own short trials; it takes no {', '.join(taken)}")
     samples = _sample_count(x)
+    check_not_empty(samples)
     return min(samples, max_batch_size or samples)
 
 
