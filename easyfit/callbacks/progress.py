@@ -8,7 +8,9 @@ from easyfit.callbacks.base import Callback
 
 
 def format_logs(logs: dict | None) -> str:
-    return " - ".join(f"{key}: {value:.4f}" for key, value in (logs or {}).items() if isinstance(value, float))
+    """'loss: 0.1234 - learning_rate: 1.0000e-05': 4 decimals, or 4 significant digits for small values (Keras')."""
+    return " - ".join(f"{key}: {value:.4f}" if value == 0 or abs(value) > 1e-3 else f"{key}: {value:.4e}"
+                      for key, value in (logs or {}).items() if isinstance(value, float))
 
 
 def progress_callbacks(verbose: int | str, is_global_zero: bool) -> list[Callback]:
