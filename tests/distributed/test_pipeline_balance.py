@@ -19,7 +19,8 @@ def fit(strategy, devices: int) -> None:
 @pytest.mark.parametrize("strategy, devices, message", [
     (Pipeline(balance=[2, 2, 1]), 2, r"balance=\[2, 2, 1\] \(3 stages, one process per stage\) needs at least 3 "
                                      r"processes, but the call runs 2: .* or a balance of at most 2 entries"),
-    (Pipeline(balance=[2, 2, 1]), 4, r"3 processes per replica \(balance=\[2, 2, 1\] .*\), which does not divide the 4"),
+    (Pipeline(balance=[2, 2, 1]), 4, r"3 processes per replica \(balance=\[2, 2, 1\] .*\), which does not divide "
+                                     r"the 4"),
     (Pipeline(balance=[2, 1, 1, 1], schedule="interleaved_1f1b"), 1,
      r"balance=\[2, 1, 1, 1\] \(4 stages with 2 stages per rank \(chunks\), one process per rank\) needs at least 2"),
 ])
@@ -29,5 +30,5 @@ def test_a_balance_longer_than_the_processes_names_balance(strategy, devices, me
 
 
 def test_stages_given_by_name_are_still_named():
-    with pytest.raises(ValueError, match="stages=3 needs at least 3 processes, but the call runs 2: .* or fewer stages"):
+    with pytest.raises(ValueError, match="stages=3 needs at least 3 processes, but the call runs 2: .* fewer stages"):
         fit(Pipeline(stages=3), 2)
