@@ -248,12 +248,10 @@ class Model:
         return find_batch_size(self, x, y, **kwargs)
 
     def summary(self, print_fn=print, input_example=None) -> str:
-        """A Keras-like table of layers, output shapes (when `input_example` is given) and parameter counts."""
-        from easyfit.training.summary import summarize
-        text = summarize(self.net, input_example)
-        if print_fn is not None:
-            print_fn(text)
-        return text
+        """A Keras-like table of layers, output shapes (when `input_example` is given: also `summary(x)`) and
+        parameter counts, printed with `print_fn` (None: not printed) and returned."""
+        from easyfit.training.summary import print_summary
+        return print_summary(self.net, print_fn, input_example)
 
     # --- weights and single batches ----------------------------------------------------
     def get_weights(self) -> list:

@@ -7,8 +7,9 @@
 # directory named after the horovod, torch and Python versions; and installs from that cache on every later run
 # (seconds). An installed horovod that imports against the current torch is left as it is.
 #
-# Usage: scripts/install_horovod.sh            build if needed, then install
+# Usage: scripts/install_horovod.sh            build if needed, then install (with every requirement the wheel declares)
 #        scripts/install_horovod.sh --print-cache-dir
+#        scripts/install_horovod.sh --print-requirements WHEEL   the requirements it installs for WHEEL
 # Environment: EASYFIT_WHEEL_CACHE (cache root), PYTHON (interpreter, default python),
 #              MAKEFLAGS (build parallelism, default -j<cores>).
 set -euo pipefail
@@ -26,6 +27,38 @@ cache_dir="$CACHE_ROOT/horovod-$HOROVOD_VERSION-torch$torch_version-$py_version"
 
 if [[ "${1:-}" == "--print-cache-dir" ]]; then
     echo "$cache_dir"
+    exit 0
+fi
+
+# The requirements a wheel declares (Requires-Dist in its METADATA) that apply to this Python without extras, one a
+# line; torch is left out, so pip never resolves a torch of its own.
+wheel_requirements() {
+    "$PYTHON" - "$1" <<'PY'
+import sys
+import zipfile
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:   # pip carries its own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    metadata = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+    lines = wheel.read(metadata).decode("utf-8").splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist:"):
+        continue
+    requirement = Requirement(line.split(":", 1)[1].strip())
+    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+        continue
+    if requirement.name.lower() != "torch":
+        extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+        print(f"{requirement.name}{extras}{requirement.specifier}")
+PY
+}
+
+if [[ "${1:-}" == "--print-requirements" ]]; then
+    wheel_requirements "${2:?--print-requirements needs the path of a wheel}"
     exit 0
 fi
 
@@ -53,9 +86,13 @@ if [[ -z "$wheel" ]]; then
     echo "install_horovod.sh: built $wheel in $((SECONDS - start)) s"
 fi
 
-# --no-deps: the wheel's requirements (cloudpickle, psutil, pyyaml, packaging) are installed by name below, so
-# pip never resolves a torch of its own.
+# --no-deps: the wheel's requirements (cloudpickle, psutil, pyyaml, packaging, cffi, ...: every one it declares, read
+# from the wheel itself) are installed by name below, so pip never resolves a torch of its own.
+requirements=$(wheel_requirements "$wheel")
 "$PYTHON" -m pip install --no-deps --force-reinstall "$wheel"
-"$PYTHON" -m pip install cloudpickle psutil pyyaml packaging
+if [[ -n "$requirements" ]]; then
+    mapfile -t requirement_list <<< "$requirements"
+    "$PYTHON" -m pip install "${requirement_list[@]}"
+fi
 "$PYTHON" -c 'import horovod.torch as hvd; assert hvd.gloo_built(), "horovod was built without gloo"'
 echo "install_horovod.sh: horovod $HOROVOD_VERSION installed from $wheel"

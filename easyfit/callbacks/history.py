@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from easyfit.callbacks.base import Callback
+from easyfit.callbacks.logs import Logs, renamed
 
 
 class History(Callback):
-    """`history.history["loss"]` lists the epoch losses; `history.epoch` the epoch numbers."""
+    """`history.history["loss"]` lists the epoch losses; `history.epoch` the epoch numbers. The learning rate a
+    callback logs is `history.history["learning_rate"]` (Keras 3's key; "lr" reads it, with a DeprecationWarning,
+    for one release)."""
 
     def __init__(self):
-        self.history: dict[str, list[float]] = {}
+        self.history: dict[str, list[float]] = Logs()
         self.epoch: list[int] = []
         self.params: dict = {}
 
@@ -18,10 +21,10 @@ class History(Callback):
             self.history.setdefault(key, []).append(value)
 
     def state_dict(self) -> dict:
-        return {"history": self.history, "epoch": self.epoch, "params": self.params}
+        return {"history": dict(self.history), "epoch": self.epoch, "params": self.params}
 
     def load_state_dict(self, state: dict) -> None:
-        self.history = {key: list(values) for key, values in state["history"].items()}
+        self.history = renamed({key: list(values) for key, values in state["history"].items()})
         self.epoch = list(state["epoch"])
         self.params = dict(state.get("params", {}))
 

@@ -14,7 +14,7 @@ class LearningRateScheduler(Callback):
 
     Each param group is scheduled from its own LR. The LRs the schedule sees and returns are in the user's scale:
     when fit scales the LR for a larger effective batch (`lr_scaling`), the optimizer runs the new LR times that
-    factor. The epoch logs get "lr": the first group's scheduled LR.
+    factor. The epoch logs get "learning_rate" (Keras 3's key): the first group's scheduled LR.
     """
 
     def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
@@ -33,7 +33,7 @@ class LearningRateScheduler(Callback):
             group["lr"] = float(new_lr) * multiplier
             new_lrs.append(float(new_lr))
         if logs is not None:
-            logs["lr"] = new_lrs[0]
+            logs["learning_rate"] = new_lrs[0]
         if self.verbose and self.model.is_global_zero:
             print(f"Epoch {epoch + 1}: LearningRateScheduler sets the learning rate to "
                   f"{', '.join(f'{lr:.6g}' for lr in new_lrs)}", flush=True)

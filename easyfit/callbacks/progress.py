@@ -1,6 +1,7 @@
 """Progress display on global rank 0: a tqdm bar per epoch (verbose=1 on a terminal) or one line per epoch."""
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -8,7 +9,9 @@ from easyfit.callbacks.base import Callback
 
 
 def format_logs(logs: dict | None) -> str:
-    return " - ".join(f"{key}: {value:.4f}" for key, value in (logs or {}).items() if isinstance(value, float))
+    """'loss: 0.1234 - learning_rate: 1.0000e-05': 4 decimals, or 4 significant digits for small values (Keras')."""
+    return " - ".join(f"{key}: {value:.4f}" if value == 0 or abs(value) > 1e-3 else f"{key}: {value:.4e}"
+                      for key, value in (logs or {}).items() if isinstance(value, float))
 
 
 def progress_callbacks(verbose: int | str, is_global_zero: bool) -> list[Callback]:
@@ -23,11 +26,24 @@ def progress_callbacks(verbose: int | str, is_global_zero: bool) -> list[Callbac
 
 def redraws_in_place() -> bool:
     """Whether a bar can redraw itself: stdout and stderr are terminals, or the code runs in a notebook."""
+    return in_notebook() or all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+
+
+def in_notebook() -> bool:
+    """Whether a Jupyter kernel runs this code (a bar there is a widget)."""
     if "ipykernel" in sys.modules and "IPython" in sys.modules:   # imported, and a kernel is running this code
         shell = sys.modules["IPython"].get_ipython()
-        if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
-            return True
-    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+        return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+    return False
+
+
+def terminal_width() -> int | None:
+    """The columns a bar may take: the terminal's less one (a full line would wrap on some terminals), COLUMNS when
+    set; None in a notebook or where no terminal tells."""
+    if in_notebook():
+        return None
+    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
+    return columns - 1 if columns > 1 else None
 
 
 class EpochSummary(Callback):
@@ -65,7 +81,9 @@ class ProgressBar(EpochSummary):
 
     def _open(self, total, description: str) -> None:
         from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc=description, unit="step", leave=True, dynamic_ncols=True)
+        width = terminal_width()   # read as each bar opens: a resized terminal counts from the next epoch
+        self.bar = tqdm(total=total, desc=description, unit="step", leave=True, ncols=width,
+                        dynamic_ncols=width is None)
         self.last_refresh = time.monotonic()
 
     def _advance(self, logs) -> None:
@@ -79,10 +97,19 @@ class ProgressBar(EpochSummary):
             bar.set_postfix_str(f"loss: {logs['loss']:.4f}", refresh=False)
 
     def _close(self, logs: dict | None) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(format_logs(logs), refresh=True)
-            self.bar.close()
-            self.bar = None
+        """The bar's final line with every value at its end, or, when that line would be wider than the terminal,
+        the bar alone and the values on lines of their own below it (as Keras prints them): none is ever cut."""
+        bar = self.bar
+        if bar is None:
+            return
+        text = format_logs(logs)
+        below = _wrapped(text, bar) if text else []
+        bar.set_postfix_str("" if below else text, refresh=True)
+        bar.close()
+        self.bar = None
+        for line in below:
+            bar.fp.write(line + "\n")
+        bar.fp.flush()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._open(self.params.get("steps_per_epoch"), self._title(epoch))
@@ -113,3 +140,20 @@ class ProgressBar(EpochSummary):
 
     def on_predict_end(self, logs=None):
         self._close(None)
+
+
+def _wrapped(text: str, bar) -> list[str]:
+    """`text` ("key: value - key: value ...") in lines that fit the terminal when the bar's line with it at its end
+    would not (the bar's own 10 characters allowed for); [] when it fits, or the width is unknown (a notebook)."""
+    from tqdm.utils import disp_len
+    width = bar.ncols
+    if not width or disp_len(bar.format_meter(**{**bar.format_dict, "postfix": text, "ncols": None})) <= width:
+        return []
+    lines = [""]
+    for item in text.split(" - "):
+        joined = f"{lines[-1]} - {item}" if lines[-1] else item
+        if lines[-1] and disp_len(joined) > width:
+            lines.append(item)
+        else:
+            lines[-1] = joined
+    return lines

@@ -20,7 +20,8 @@ class ReduceLROnPlateau(WatchingCallback):
         verbose: 1 prints each reduction.
 
     It changes the optimizer that trains (`model.optimizer` during fit, as the strategy set it up). The learning
-    rates it compares with `min_lr` and prints are in your scale, before fit's `lr_scaling`.
+    rates it compares with `min_lr`, prints and logs are in your scale, before fit's `lr_scaling`. The epoch logs
+    get "learning_rate" (as in Keras 3): the first group's LR that epoch trained with.
     """
 
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, verbose: int = 0,
@@ -40,6 +41,10 @@ class ReduceLROnPlateau(WatchingCallback):
 
     def state_dict(self) -> dict:
         return {"best": self.best, "wait": self.wait, "cooldown_counter": self.cooldown_counter}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if logs is not None and "learning_rate" not in logs:   # a LearningRateScheduler before it logged it already
+            logs["learning_rate"] = self.model.optimizer.param_groups[0]["lr"] / self.params.get("lr_multiplier", 1.0)
 
     def on_epoch_end(self, epoch, logs=None):
         current = self.monitor.read(logs, skips_validation(self.params, epoch))

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
-from easyfit.data.contents import move_to_device, with_int64_target
+from easyfit.data.arrays import as_tensor, batch_to_device
+from easyfit.data.contents import move_to_device, with_target_dtype
 from easyfit.data.samplers import sampler_indices
 from easyfit.utils.checks import check_not_a_path, check_positive_int
 
@@ -32,13 +33,21 @@ def batch_count(batches) -> int | None:
 # ----------------------------------------------------------------------------------------
 class TensorBatches:
     """Batches indexed straight out of in-memory tensors; with `inputs_only`, each batch is `((x1, x2, ...),)`:
-    all the net's inputs, no target."""
+    all the net's inputs, no target. With `names` (a dict of inputs), the first len(names) tensors are the inputs,
+    and each batch holds them as one dict: `({name: x, ...}, y)`."""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_size: int, sampler: Sampler,
-                 device: torch.device, inputs_only: bool = False):
+                 device: torch.device, inputs_only: bool = False, names: tuple[str, ...] | None = None):
         self.batch_size, self.sampler, self.device = batch_size, sampler, device
-        self.tensors, self.inputs_only = tensors, inputs_only
+        self.tensors, self.inputs_only, self.names = tensors, inputs_only, names
         self.on_device = all(t.device == device for t in tensors)
+
+    def structured(self, batch: tuple[torch.Tensor, ...]) -> tuple:
+        """A batch of the tensors in the form the loop takes: inputs (a tuple, or a dict by name), target."""
+        if self.names is not None:
+            count = len(self.names)
+            return (dict(zip(self.names, batch[:count])), *batch[count:])
+        return (batch,) if self.inputs_only else batch
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.sampler, "set_epoch", None)
@@ -59,16 +68,18 @@ class TensorBatches:
         else:
             batches = (move_to_device(tuple([t[idx] for t in self.tensors]), self.device)
                        for idx in indices.split(self.batch_size))
-        yield from (((batch,) for batch in batches) if self.inputs_only else batches)
+        yield from (batches if self.names is None and not self.inputs_only else map(self.structured, batches))
 
 
 class LoaderBatches:
-    """Batches from a DataLoader or any re-iterable of batches, moved to the device."""
+    """Batches from a DataLoader or any re-iterable of batches, moved to the device (numpy arrays in them as
+    tensors)."""
 
-    def __init__(self, loader: Iterable, device: torch.device, source: str = "the training data"):
-        self.loader, self.device, self.source = loader, device, source
+    def __init__(self, loader: Iterable, device: torch.device, source: str = "the training data",
+                 float_dtype: torch.dtype = torch.float32):
+        self.loader, self.device, self.source, self.float_dtype = loader, device, source, float_dtype
         self.epochs_started = 0
-        self.targets_to_int64 = False   # set by the first step when a class-index loss gets other integer labels
+        self.target_dtype = None   # set by the first step when the loss takes the labels in another dtype
 
     def set_epoch(self, epoch: int) -> None:
         sampler = getattr(self.loader, "sampler", None)
@@ -86,8 +97,8 @@ class LoaderBatches:
         empty = True
         for batch in self.loader:
             empty = False
-            batch = move_to_device(batch, self.device)
-            yield with_int64_target(batch) if self.targets_to_int64 else batch
+            batch = batch_to_device(batch, self.device, self.float_dtype)   # numpy batches as tensors, too
+            yield batch if self.target_dtype is None else with_target_dtype(batch, self.target_dtype)
         if empty and self.epochs_started > 1:
             raise ValueError(
                 f"{self.source} yielded no batches in epoch {self.epochs_started}: a one-shot iterator or "
@@ -98,39 +109,22 @@ class LoaderBatches:
 # ----------------------------------------------------------------------------------------
 # Normalising user input
 # ----------------------------------------------------------------------------------------
-def as_tensor(array: Any, name: str, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A numpy array / pandas DataFrame or Series / list / tensor as a tensor; float64 numpy data becomes
-    `float_dtype` (float32, PyTorch's default; float64 in a run with precision "64")."""
-    if isinstance(array, torch.Tensor):
-        return array
-    check_not_a_path(array, name)
-    if type(array).__name__ in ("DataFrame", "Series") and hasattr(array, "to_numpy"):
-        array = _frame_to_numpy(array, name)
-    if not getattr(getattr(array, "flags", None), "writeable", True):
-        array = array.copy()   # torch shares a numpy array's memory and cannot use a read-only one
-    try:
-        tensor = torch.as_tensor(array)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"{name} could not be turned into a tensor ({type(array).__name__}): {error}") from None
-    return tensor.to(float_dtype) if tensor.dtype == torch.float64 else tensor
-
-
-def _frame_to_numpy(frame: Any, name: str):
-    """A pandas DataFrame / Series as a numeric numpy array (pandas itself is never imported here)."""
-    columns = frame.dtypes.items() if hasattr(frame, "columns") else [(frame.name, frame.dtype)]
-    text = [f"{column!r} ({dtype})" for column, dtype in columns if getattr(dtype, "kind", "O") not in "biuf"]
-    if text:
-        raise TypeError(f"{name} is a pandas {type(frame).__name__} with non-numeric column(s) {', '.join(text)}. "
-                        "Encode them as numbers first, e.g. pandas.get_dummies(df) or "
-                        "df[column].astype('category').cat.codes, or drop them.")
-    array = frame.to_numpy()
-    return frame.to_numpy(dtype="float64") if array.dtype == object else array   # bool columns beside numbers
-
-
 def several_inputs(x: Any) -> bool:
     """Whether `x` is a list or tuple of arrays / tensors: one per input of the net (as Keras)."""
     return isinstance(x, (list, tuple)) and bool(x) and all(
         isinstance(item, torch.Tensor) or hasattr(item, "__array__") for item in x)
+
+
+def keyed_inputs(x: Any) -> bool:
+    """Whether `x` is a dict of arrays / tensors: one input of the net per key (Keras' multi-input dict)."""
+    return isinstance(x, dict) and bool(x) and all(
+        isinstance(item, torch.Tensor) or hasattr(item, "__array__") for item in x.values())
+
+
+def input_names(x: Any) -> tuple[str, ...] | None:
+    """The keys of a dict of several inputs, which the net takes by name (`net(**inputs)`); None otherwise (a dict
+    of one entry is that one input, passed as the net's first argument)."""
+    return tuple(x) if keyed_inputs(x) and len(x) > 1 else None
 
 
 def _tensors_from(x: Any, y: Any, float_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...] | None:
@@ -141,13 +135,14 @@ def _tensors_from(x: Any, y: Any, float_dtype: torch.dtype = torch.float32) -> t
         if y is not None:
             raise ValueError("y was given together with a TensorDataset: the dataset already holds the targets")
         return tuple(x.tensors)
-    if isinstance(x, (Dataset, DataLoader)) or (not _is_array_like(x) and not several_inputs(x) and y is None
-                                                 and _is_iterable(x)):
+    keyed, several = keyed_inputs(x), several_inputs(x)
+    if not keyed and (isinstance(x, (Dataset, DataLoader)) or (not _is_array_like(x) and not several and y is None
+                                                                and _is_iterable(x))):
         if y is not None:
             raise ValueError(f"y was given together with a {type(x).__name__}: pass targets inside the data instead")
         return None
-    several = several_inputs(x)
-    named = [(f"x[{i}]", item) for i, item in enumerate(x)] if several else [("x", x)]
+    named = [(f"x[{key!r}]", item) for key, item in x.items()] if keyed else \
+        [(f"x[{i}]", item) for i, item in enumerate(x)] if several else [("x", x)]
     named += [] if y is None else [("y", y)]
     tensors = tuple(as_tensor(array, name, float_dtype) for name, array in named)
     for (name, _), tensor in zip(named, tensors):
@@ -197,6 +192,11 @@ def split_validation(x: Any, y: Any, validation_split: float, float_dtype: torch
                          "use a smaller fraction")
     if tensors is None:
         return (Subset(x, range(n_train)), None), (Subset(x, range(n_train, length)), None)
+    names = input_names(x)
+    if names is not None:   # a dict of inputs stays one, each input and the target split alike
+        def part(rows: slice) -> tuple:
+            return {name: t[rows] for name, t in zip(names, tensors)}, None if y is None else tensors[-1][rows]
+        return part(slice(0, n_train)), part(slice(n_train, length))
     train = TensorDataset(*(t[:n_train] for t in tensors))
     val = TensorDataset(*(t[n_train:] for t in tensors))
     return (train, None), (val, None)
@@ -230,26 +230,29 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
         length = len(tensors[0])
-        _check_not_empty(length)
+        check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
-        batches = TensorBatches(tensors, batch_size, sampler, device, inputs_only=y is None and several_inputs(x))
+        names = input_names(x)
+        batches = TensorBatches(tensors, batch_size, sampler, device, names=names,
+                                inputs_only=y is None and (several_inputs(x) or names is not None))
         return _mark_sharded(batches, train, strategy)
     if isinstance(x, DataLoader):
-        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source)
+        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source, float_dtype)
         return _mark_sharded(batches, train or not replace_sampler, strategy)
     if isinstance(x, IterableDataset):
         _warn_iterable_not_sharded(strategy)
-        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device, source)
+        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device, source,
+                             float_dtype)
     if isinstance(x, Dataset):
         length = _dataset_length(x, "a Dataset")
-        _check_not_empty(length)
+        check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         loader = DataLoader(x, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                             pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
-        return _mark_sharded(LoaderBatches(loader, device, source), train, strategy)
+        return _mark_sharded(LoaderBatches(loader, device, source, float_dtype), train, strategy)
     if strategy.world_size > 1:
         _warn_iterable_not_sharded(strategy)
-    return LoaderBatches(x, device, source)
+    return LoaderBatches(x, device, source, float_dtype)
 
 
 def _mark_sharded(batches, train: bool, strategy):
@@ -258,7 +261,8 @@ def _mark_sharded(batches, train: bool, strategy):
     return batches
 
 
-def _check_not_empty(length: int) -> None:
+def check_not_empty(length: int) -> None:
+    """Refuse data of 0 samples, saying so."""
     if length == 0:
         raise ValueError("the data is empty (0 samples); pass at least one sample")
 
@@ -300,12 +304,12 @@ def peek_first_batch(batches) -> Any:
     (a generator or stream is not read ahead)."""
     if isinstance(batches, TensorBatches):
         batch = tuple(t[:batches.batch_size] for t in batches.tensors)
-        return move_to_device((batch,) if batches.inputs_only else batch, batches.device)
+        return move_to_device(batches.structured(batch), batches.device)
     if not isinstance(batches, LoaderBatches):
         return None
     loader = batches.loader
     if isinstance(loader, (list, tuple)) and loader:
-        return move_to_device(loader[0], batches.device)
+        return batch_to_device(loader[0], batches.device, batches.float_dtype)
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return None
     dataset = loader.dataset
@@ -314,11 +318,12 @@ def peek_first_batch(batches) -> Any:
         # copy of the RNG, and a sampler's own generator is restored after
         with torch.random.fork_rng(devices=[]), _generator_kept(getattr(loader, "sampler", None)):
             if loader.batch_sampler is None:   # no automatic batching: each item is a batch
-                return move_to_device(loader.collate_fn(dataset[next(iter(loader.sampler))]), batches.device)
+                return batch_to_device(loader.collate_fn(dataset[next(iter(loader.sampler))]), batches.device,
+                                       batches.float_dtype)
             samples = [dataset[i] for i in next(iter(loader.batch_sampler), [])]
     except (IndexError, KeyError, TypeError, ValueError, StopIteration):   # the loop will tell
         return None
-    return move_to_device(loader.collate_fn(samples), batches.device) if samples else None
+    return batch_to_device(loader.collate_fn(samples), batches.device, batches.float_dtype) if samples else None
 
 
 @contextlib.contextmanager

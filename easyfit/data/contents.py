@@ -34,15 +34,17 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 
 
-def with_int64_target(batch: Any) -> Any:
-    """The batch with its target (as `split_batch` finds it) as int64 when it holds integers of another dtype."""
+def with_target_dtype(batch: Any, dtype: torch.dtype) -> Any:
+    """The batch with its target (as `split_batch` finds it) as `dtype` (int64 class indices from other integer or
+    bool labels, floats from bool labels for a binary loss)."""
     target = split_batch(batch)[1]
-    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.int64:
+    if not isinstance(target, torch.Tensor) or target.dtype == dtype:
         return batch
     if isinstance(batch, dict):
         key = next(key for key in TARGET_KEYS if key in batch)
-        return {**batch, key: target.long()}
-    return type(batch)([*batch[:-1], target.long()]) if isinstance(batch, list) else (*batch[:-1], target.long())
+        return {**batch, key: target.to(dtype)}
+    converted = target.to(dtype)
+    return type(batch)([*batch[:-1], converted]) if isinstance(batch, list) else (*batch[:-1], converted)
 
 
 def batch_length(batch: Any) -> int:

@@ -20,7 +20,10 @@ def scores_result(logs: dict[str, float], metric_names: list[str], return_dict: 
 
 
 def is_numpy_input(x: Any) -> bool:
-    """An array that is not a tensor (numpy, pandas), or a list / tuple of them (the inputs of a multi-input net)."""
+    """An array that is not a tensor (numpy, pandas), or a list / tuple / dict of them (the inputs of a multi-input
+    net)."""
+    if isinstance(x, dict) and x:
+        return all(is_numpy_input(item) for item in x.values())
     if isinstance(x, (list, tuple)) and x:
         return all(is_numpy_input(item) for item in x)
     return hasattr(x, "__array__") and not isinstance(x, torch.Tensor)

@@ -159,7 +159,7 @@ def _with(batches, weights: torch.Tensor | None):
     if weights is None:
         return batches
     weighted = TensorBatches((*batches.tensors, weights.to(batches.tensors[0].device)), batches.batch_size,
-                             batches.sampler, batches.device)
+                             batches.sampler, batches.device, names=batches.names)
     weighted.sharded, weighted.weighted = getattr(batches, "sharded", False), True
     return weighted
 

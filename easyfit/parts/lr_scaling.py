@@ -69,9 +69,9 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     for note in (strategy.selection_note, strategy.auto_reason):
         if note:
             text = f"{note}; {text}"
-    setup = strategy.describe_setup()
-    if setup:
-        text = f"{text}; {setup}"
+    for setup in (strategy.describe_setup(), strategy.threads_note):
+        if setup:
+            text = f"{text}; {setup}"
     lrs = [group["lr"] for group in optimizer.param_groups]
     if multiplier == 1.0:
         return f"{text}; lr {describe_lrs(lrs)} (not scaled)"

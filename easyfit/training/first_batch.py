@@ -12,8 +12,9 @@ In-memory data (arrays, tensors, DataFrames) is also brought once to what the ne
   nn.Embedding takes integer indices); when the net raises on them, they become floats and the first step runs
   again (the forward that raised is the only repeated call). uint8 images are not rescaled: divide them by 255;
 - integer class labels of shape (N, 1) for a class-index loss (cross_entropy, nll) become shape (N,).
-Integer class labels of any integer dtype (int32, int16, uint8, ...) become int64 for a class-index loss, in memory
-and in the batches of a Dataset or DataLoader (lossless). Other mismatches in the user's own batches are explained,
+Integer class labels of any integer dtype (int32, int16, uint8, bool, ...) become int64 for a class-index loss, and
+bool labels become floats for a binary loss (bce, bce_with_logits), in memory and in the batches of a Dataset or
+DataLoader (lossless). Other mismatches in the user's own batches are explained,
 not converted.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from easyfit.data.explain import (
     explain,
     float_dtype,
 )
-from easyfit.parts.losses import CLASS_INDEX_LOSSES, check_class_range, check_targets
+from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
 from easyfit.training.loop import _eval_mode, call_net
 from easyfit.utils.tensors import map_tensors
 
@@ -53,8 +54,8 @@ def prepare(model, eval_net: nn.Module, batches, source: str, training: bool = F
     data = _source(batches)
     if isinstance(data, TensorBatches):
         _conform_floats(data, _data_dtype(eval_net, precision))
-        if targets and isinstance(model.loss_fn, CLASS_INDEX_LOSSES):
-            _class_indices_to_int64(data)
+        if targets:
+            _conform_labels(data, model.loss_fn, _data_dtype(eval_net, precision))
     batches.first_step = FirstStep(model, batches, source, training)
 
 
@@ -123,16 +124,19 @@ class FirstStep:
         return target
 
     def class_targets(self, output: torch.Tensor, target: torch.Tensor, loss_fn) -> torch.Tensor:
+        data = _source(self.batches)
+        if target.dtype == torch.bool and isinstance(loss_fn, BINARY_LOSSES):   # 0/1 flags as the loss's floats
+            data.target_dtype = output.dtype if output.is_floating_point() else torch.float32
+            return target.to(data.target_dtype)
         if not _is_class_index(loss_fn, target):
             return target
-        data = _source(self.batches)
         if output.dim() == 2 and target.shape[1:] == (1,) and isinstance(data, TensorBatches):
             tensors = list(data.tensors)   # (N, 1) in-memory labels: squeezed, as Keras does
             tensors[_target_index(data)] = tensors[_target_index(data)].view(-1)
             data.tensors = tuple(tensors)
             target = target.view(-1)
         if target.dtype != torch.int64:
-            data.targets_to_int64 = True   # the batches of a loader from now on; in-memory data is int64 already
+            data.target_dtype = torch.int64   # the batches of a loader from now on; in-memory data is int64 already
             target = target.long()
         return target
 
@@ -153,13 +157,18 @@ def _target_index(batches: TensorBatches) -> int:
     return -2 if getattr(batches, "weighted", False) else -1
 
 
-def _class_indices_to_int64(batches: TensorBatches) -> None:
+def _conform_labels(batches: TensorBatches, loss_fn, float_dtype: torch.dtype) -> None:
+    """In-memory labels as the loss takes them: integer or bool class indices as int64 for a class-index loss, bool
+    flags as floats for a binary loss (0 / 1, lossless)."""
     tensors, index = list(batches.tensors), _target_index(batches)
     if batches.inputs_only or len(tensors) < 1 - index:   # inputs, the target (and weights)
         return
-    if not tensors[index].is_floating_point() and tensors[index].dtype not in (torch.int64, torch.bool):
-        tensors[index] = tensors[index].long()
-        batches.tensors = tuple(tensors)
+    target = tensors[index]
+    if _is_class_index(loss_fn, target) and target.dtype != torch.int64:
+        tensors[index] = target.long()
+    elif isinstance(loss_fn, BINARY_LOSSES) and target.dtype == torch.bool:
+        tensors[index] = target.to(float_dtype)
+    batches.tensors = tuple(tensors)
 
 
 def _check_validation_batch(model, net: nn.Module, val) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from easyfit.callbacks.base import CallbackList
+from easyfit.callbacks.logs import Logs
 from easyfit.data.batches import batch_count, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
@@ -146,7 +147,7 @@ class Loop:
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
-            begin_logs: dict[str, float] = {}   # values a callback records for this epoch (e.g. "lr")
+            begin_logs: dict[str, float] = {}   # values a callback records for this epoch (e.g. "learning_rate")
             callbacks.call("on_epoch_begin", epoch, begin_logs)
             logs = self.train_epoch(train_batches, epoch)
             if val_batches is not None and (epoch + 1) % validation_freq == 0:
@@ -242,7 +243,7 @@ class Loop:
         """The epoch's loss and metrics over every process; each rank joins the same collectives, even one whose
         share of the data was empty."""
         strategy, metrics = self.strategy, self.metrics
-        logs = {"loss": tracker.global_mean(strategy)}
+        logs = Logs(loss=tracker.global_mean(strategy))   # "lr" still reads "learning_rate", for one release
         sync = strategy.world_size > 1
         if sync:
             metrics.share_task(strategy)

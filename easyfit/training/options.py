@@ -8,6 +8,7 @@ from typing import Any
 from easyfit.callbacks.base import callback_list
 from easyfit.parts.lr_scaling import lr_multiplier
 from easyfit.utils.checks import (
+    check_non_negative_int,
     check_positive_int,
     check_positive_number,
     check_verbose,
@@ -141,6 +142,8 @@ def check_fault_tolerance(options: FitOptions) -> None:
 def check_fit_arguments(options) -> None:
     """Check fit's options (a FitOptions) and bring the forms Keras accepts to the one easyfit uses."""
     check_positive_int(options.validation_freq, "validation_freq")
+    check_non_negative_int(options.initial_epoch, "initial_epoch",
+                           "a non-negative integer (the epoch to start at, counted from 0)")
     check_verbose(options.verbose)
     if not isinstance(options.shuffle, bool):
         raise TypeError(f"shuffle must be True or False, got {options.shuffle!r}")

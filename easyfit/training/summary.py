@@ -6,11 +6,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from easyfit.data.batches import as_tensor
+from easyfit.data.arrays import as_tensor
 from easyfit.data.contents import move_to_device
 from easyfit.training.loop import call_net
 
 HEADERS = ("Layer (module path)", "Type", "Output shape", "Param #")
+
+
+def print_summary(net: nn.Module, print_fn: Any = print, input_example: Any = None) -> str:
+    """Model.summary: the table, printed with `print_fn` unless it is None. An example given as the first argument
+    (`summary(x)`, where `print_fn` stands) is taken as the example."""
+    if print_fn is not None and not callable(print_fn):
+        if input_example is not None:
+            raise TypeError(f"summary's first argument is print_fn (a function that prints the text, or None), got "
+                            f"{type(print_fn).__name__}; pass the example alone, summary(x), or as input_example=x")
+        print_fn, input_example = print, print_fn
+    text = summarize(net, input_example)
+    if print_fn is not None:
+        print_fn(text)
+    return text
 
 
 def summarize(net: nn.Module, input_example: Any = None) -> str:

@@ -3,19 +3,23 @@
 Each process searches on its own device with trial fits of a few steps (doubling the batch from `start`, then a
 binary search between the last size that trained and the first that did not): a size fails when it runs out of
 memory (CUDA's out-of-memory error, or a CPU allocation that fails) or when its peak memory exceeds `max_memory`.
-The processes then agree on the smallest answer. The trials run eagerly and one process at a time per device,
-with everything they change undone (easyfit.tuning.trial).
+The processes then agree on the smallest answer. On the CPU, without `max_memory`, the budget is a share of the
+memory the machine has free (easyfit.tuning.memory_budget), said in one line. The trials run eagerly and one process
+at a time per device, with everything they change undone (easyfit.tuning.trial).
 """
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import Any, Callable
 
 import torch
 
+from easyfit.data.batches import check_not_empty
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.training.options import FitOptions, RunOptions, split_options
+from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int
 from easyfit.utils.tensors import sample_count
@@ -96,6 +100,7 @@ def check_search(x, start: int, max_batch_size: int | None, max_memory: int | No
     if taken:
         raise TypeError(f"find_batch_size runs its own short trials; it takes no {', '.join(taken)}")
     samples = _sample_count(x)
+    check_not_empty(samples)
     return min(samples, max_batch_size or samples)
 
 
@@ -113,6 +118,8 @@ def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_
     strategy = model.strategy
     device = strategy.root_device
     memory, samples = PeakMemory(device), _sample_count(x)
+    if max_memory is None and device.type == "cpu" and can_measure():
+        max_memory = _default_budget(strategy)
 
     def trains(batch_size: int) -> bool:
         if max_memory is not None:
@@ -140,6 +147,16 @@ def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_
     return int(strategy.reduce(torch.tensor([answer], device=device), "min").item())
 
 
+def _default_budget(strategy) -> int:
+    """The CPU budget of every rank when none was given (the smallest rank's), said on global rank 0."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or getattr(strategy, "num_processes", 1)
+    budget, words = default_budget(processes)
+    budget = int(strategy.reduce(torch.tensor([budget], device=strategy.root_device), "min").item())
+    if strategy.is_global_zero:
+        print(f"find_batch_size on the CPU: {words}", flush=True)
+    return budget
+
+
 def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | None = None,
                     max_memory: int | None = None, steps: int = 2, **kwargs) -> int:
     """See Model.find_batch_size."""
@@ -149,9 +166,10 @@ def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | N
     split_options(options, FitOptions)   # a misspelt option is refused by name before any trial
     accelerator = run_kwargs.get("accelerator", "auto")
     on_gpu = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
-    if max_memory is None and max_batch_size is None and not on_gpu:
-        raise ValueError("on the CPU, running out of memory ends the process instead of raising: give find_batch_size "
-                         "max_memory (bytes of peak memory per process) or max_batch_size")
+    if max_memory is None and max_batch_size is None and not on_gpu and not can_measure():
+        raise ValueError("on the CPU, running out of memory ends the process instead of raising, and the memory free "
+                         "cannot be read here (Linux's /proc) to choose a budget: give find_batch_size max_memory "
+                         "(bytes of peak memory per process) or max_batch_size")
     (run,) = split_options(run_kwargs, RunOptions)
     return model._dispatch("find_batch_size", run, x=x, y=y, start=start, limit=limit,
                            max_memory=max_memory, steps=steps, options=options)

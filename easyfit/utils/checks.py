@@ -26,6 +26,18 @@ def check_positive_number(value, name: str, expected: str = "a positive number")
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
+def check_non_negative_int(value, name: str, expected: str = "a non-negative integer") -> None:
+    """Raise unless `value` is an int >= 0 (not a bool)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_non_negative_number(value, name: str, expected: str = "a non-negative number") -> None:
+    """Raise unless `value` is a finite real number >= 0 (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
 def check_not_a_path(data, name: str) -> None:
     """Data given as a file name: easyfit takes arrays, tensors, datasets and loaders, and reads no files."""
     if isinstance(data, (str, bytes, os.PathLike)):
@@ -39,7 +51,8 @@ def check_model_arguments(optimizer, metrics, lr, scheduler_interval) -> None:
     if scheduler_interval not in ("epoch", "step"):
         raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
     if lr is not None and isinstance(optimizer, str):
-        check_positive_number(lr, "lr", f"a positive number (the learning rate of {optimizer!r}, e.g. 1e-3)")
+        check_non_negative_number(lr, "lr", f"a non-negative number (the learning rate of {optimizer!r}, e.g. 1e-3; "
+                                  "0 leaves the weights as they are)")
     if lr is not None and not isinstance(optimizer, str):
         raise ValueError(f"lr={lr!r} applies only to an optimizer given by name, but this optimizer "
                          f"({type(optimizer).__name__}) sets its own learning rate. Set it there, e.g. "
@@ -84,4 +97,7 @@ def validation_tuple(data):
 
 
 def _is_array(value) -> bool:
+    """An array or tensor, or a dict of them (the inputs of a multi-input net by name)."""
+    if isinstance(value, dict):
+        return bool(value) and all(_is_array(item) for item in value.values())
     return hasattr(value, "__array__") or hasattr(value, "to_numpy") or type(value).__name__ == "Tensor"

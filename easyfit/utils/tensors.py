@@ -18,5 +18,7 @@ def map_tensors(function: Callable[[torch.Tensor], Any], obj: Any) -> Any:
 
 
 def sample_count(x: Any) -> int:
-    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple."""
+    """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple / dict."""
+    if isinstance(x, dict) and x:
+        return len(next(iter(x.values())))
     return len(x[0] if isinstance(x, (list, tuple)) else x)

@@ -234,7 +234,7 @@ def test_lr_scheduler_sets_the_lr_each_epoch_and_logs_it(regression):
     history = sgd_model(lr=0.1).fit(*regression, epochs=3, verbose=0, callbacks=[
         LearningRateScheduler(lambda epoch, lr: 0.1 * 0.5 ** epoch), seen])
     assert seen.lrs == [[0.1], [0.05], [0.025]]
-    assert history.history["lr"] == [0.1, 0.05, 0.025]
+    assert history.history["learning_rate"] == [0.1, 0.05, 0.025]
 
 
 def test_lr_scheduler_schedules_each_param_group_from_its_own_lr(regression):
@@ -247,7 +247,7 @@ def test_lr_scheduler_schedules_each_param_group_from_its_own_lr(regression):
     history = model.fit(*regression, epochs=2, verbose=0,
                         callbacks=[LearningRateScheduler(lambda epoch, lr: lr / 2), seen])
     assert seen.lrs == [[0.05, 0.005], [0.025, 0.0025]]
-    assert history.history["lr"] == [0.05, 0.025]
+    assert history.history["learning_rate"] == [0.05, 0.025]
 
 
 def test_lr_scheduler_speaks_the_users_lr_scale():
@@ -259,7 +259,7 @@ def test_lr_scheduler_speaks_the_users_lr_scale():
     scheduler.set_params({"lr_multiplier": 4.0})
     logs: dict = {}
     scheduler.on_epoch_begin(0, logs)
-    assert logs["lr"] == pytest.approx(0.2) and model.optimizer.param_groups[0]["lr"] == pytest.approx(0.8)
+    assert logs["learning_rate"] == pytest.approx(0.2) and model.optimizer.param_groups[0]["lr"] == pytest.approx(0.8)
 
 
 def test_lr_scheduler_rejects_a_schedule_that_returns_no_number(regression):
@@ -277,7 +277,7 @@ def test_csv_logger_rows_equal_the_history_and_append_continues(overshoot, tmp_p
     path = tmp_path / "log.csv"
     history = fit(sgd_model(), overshoot, 3, [LearningRateScheduler(lambda epoch, lr: lr), CSVLogger(path, ";")])
     rows = read_csv(path)
-    assert list(rows[0]) == ["epoch", "loss", "val_loss", "lr"]
+    assert list(rows[0]) == ["epoch", "loss", "val_loss", "learning_rate"]
     assert [int(row["epoch"]) for row in rows] == history.epoch
     assert {key: [float(row[key]) for row in rows] for key in history.history} == history.history
     fit(sgd_model(), overshoot, 2, [LearningRateScheduler(lambda epoch, lr: lr), CSVLogger(path, ";", append=True)])

@@ -19,7 +19,7 @@ FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "ful
 
 #: (module path in easyfit/, function) -> why the tensors it creates belong on the host, whatever device the run uses
 HOST_TENSORS = {
-    ("data/batches.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
+    ("data/arrays.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
     ("saving/checkpoint.py", "as_data"): "numpy arrays in a state, as tensors in a file (loaded with map_location)",
     ("saving/checkpoint.py", "numpy_generator_state"): "a numpy generator's key, kept in a file",
     ("saving/net_weights.py", "from_arrays"): "Keras-style weight arrays, copied into parameters wherever those live",

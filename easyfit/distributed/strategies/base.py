@@ -58,6 +58,8 @@ class Strategy:
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
     selection_note: str | None = None
+    #: while a call runs: how many CPU threads each rank was given, for the summary line (None: left as they were)
+    threads_note: str | None = None
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")

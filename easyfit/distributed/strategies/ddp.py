@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 from easyfit.distributed.strategy_parts.ddp_comm import CommOptions, configure_communication
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -90,6 +91,7 @@ class ParallelStrategy(Strategy):
         self.environment, self.process_group_backend = environment, process_group_backend
         self.timeout = timeout
         self._local_rank = 0
+        self.cores = CoreShare()   # this rank's share of the CPU cores while a call runs
 
     def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment: ClusterEnvironment | None = None,
@@ -155,6 +157,8 @@ class ParallelStrategy(Strategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
+        if self.root_device.type == "cpu" and self.launcher is not None:   # easyfit's own launch, not torchrun's
+            self.cores.apply(self.num_processes)
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
                 raise RuntimeError(f"a process group of {dist.get_world_size()} processes already exists, but this "
@@ -176,8 +180,13 @@ class ParallelStrategy(Strategy):
         """True in processes a spawn / fork launcher started for this call alone."""
         return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
+    @property
+    def threads_note(self) -> str | None:
+        return self.cores.note
+
     def teardown(self) -> None:
         """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        self.cores.restore()
         if self._group_ends_with_call():
             destroy_process_group()
 

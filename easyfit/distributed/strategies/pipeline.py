@@ -57,7 +57,8 @@ class PipelineStrategy(ParallelStrategy):
         super().__init__(**kwargs)
         self.balance, self.schedule, self.checkpoint = balance, schedule, checkpoint
         self.chunks = chunks or (2 if interleaved else 1)
-        if balance != "auto" and stages is None:
+        self._stages_from_balance = balance != "auto" and stages is None
+        if self._stages_from_balance:
             if len(balance) % self.chunks:
                 raise ValueError(f"balance {list(balance)} gives {len(balance)} stages, which is not a multiple of "
                                  f"{self.chunks} stages per rank (chunks)")
@@ -94,15 +95,26 @@ class PipelineStrategy(ParallelStrategy):
                              "or REPL: run the code as a script (or under torchrun)")
         world = len(call.devices) * call.num_nodes if not call.external else call.environment.world_size()
         size = self.stages or world
+        given = self._stages_given()
         if size > world:
-            raise ValueError(f"stages={size} needs at least {size} processes, but the call runs {world}: pass "
-                             f"devices={size} (or a multiple of it for data-parallel replicas), or fewer stages")
+            fewer = f"a balance of at most {world * self.chunks} entries" if self._stages_from_balance \
+                else "fewer stages"
+            raise ValueError(f"{given} needs at least {size} processes, but the call runs {world}: pass "
+                             f"devices={size} (or a multiple of it for data-parallel replicas), or {fewer}")
         if world % size:
-            raise ValueError(f"the pipeline has {size} processes per replica, which does not divide the {world} "
-                             "processes: use a number of devices that is a multiple of stages")
+            raise ValueError(f"the pipeline has {size} processes per replica ({given}), which does not divide the "
+                             f"{world} processes: use a number of devices that is a multiple of {size}")
         if self.schedule == "1f1b" and self.microbatches is not None and self.microbatches < size:
             raise ValueError(f"schedule='1f1b' needs at least as many micro-batches as stages ({size}); got "
                              f"microbatches={self.microbatches}")
+
+    def _stages_given(self) -> str:
+        """The argument that set the processes per pipeline, in words: stages=, or the length of balance."""
+        if self._stages_from_balance:
+            per_rank = f" with {self.chunks} stages per rank (chunks)" if self.chunks > 1 else ""
+            return f"balance={list(self.balance)} ({len(self.balance)} stages{per_rank}, one process per " \
+                   f"{'rank' if per_rank else 'stage'})"
+        return f"stages={self.stages}" if self.stages else "one stage per process"
 
     def check_net(self, net: nn.Module) -> None:
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""

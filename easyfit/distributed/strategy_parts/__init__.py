@@ -7,5 +7,6 @@
 - deepspeed_config: the DeepSpeed config derived from fit's arguments and the net;
 - ddp_comm, powersgd_state: DDP's communication hooks and model averaging, and their saved state;
 - pipeline_split, pipeline_engine, pipeline_state: cutting an nn.Sequential into stages, running them under
-  torch's pipeline schedules, and merging / splitting their state.
+  torch's pipeline schedules, and merging / splitting their state;
+- cpu_threads: each rank's share of the cores when easyfit starts several processes on the CPU.
 """

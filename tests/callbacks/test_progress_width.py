@@ -1,0 +1,57 @@
+"""The default progress bar in an 80-column terminal: every value, val_ ones included, shown whole."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import progress
+
+pytest.importorskip("tqdm", reason="the progress bar is tqdm's")
+ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def shown_lines(stream: str) -> list[str]:
+    """What a terminal shows of `stream`, line by line: each redraw after a carriage return replaces the line."""
+    return [ESCAPES.sub("", line.split("\r")[-1]) for line in stream.split("\n") if line.strip()]
+
+
+def every_draw(stream: str) -> list[str]:
+    return [ESCAPES.sub("", part) for line in stream.split("\n") for part in line.split("\r") if part.strip()]
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """A terminal of 80 columns (tqdm reads COLUMNS and LINES where the stream is not a terminal itself)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "24")
+    monkeypatch.setattr(progress, "redraws_in_place", lambda: True)
+
+
+def test_a_fit_in_80_columns_shows_every_value_whole(terminal, capfd):
+    generator = np.random.default_rng(0)
+    x, y = generator.normal(size=(64, 4)).astype("float32"), generator.integers(0, 3, 64)
+    model = easyfit.Model(nn.Linear(4, 3), "cross_entropy", "sgd", metrics=["accuracy", "f1"], lr=0.1)
+    history = model.fit(x, y, epochs=2, batch_size=16, validation_split=0.25, verbose=1)
+    err = capfd.readouterr().err
+    assert max(len(line) for line in every_draw(err)) <= 80
+    shown = "\n".join(shown_lines(err))
+    for key, values in history.history.items():   # loss, accuracy, f1 and their val_ twins, each epoch
+        for value in values:
+            assert f"{key}: {value:.4f}" in shown, (key, shown)
+
+
+def test_a_wide_terminal_keeps_the_values_on_the_bar_line(monkeypatch, capfd):
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("LINES", "24")
+    bar = progress.ProgressBar()
+    bar.set_params({"epochs": 1, "steps_per_epoch": 2})
+    bar.on_epoch_begin(0)
+    bar.on_train_batch_end(0, {"loss": 1.0})
+    bar.on_epoch_end(0, {"loss": 0.5, "accuracy": 0.75, "val_loss": 0.625, "val_accuracy": 0.8125})
+    (line,) = shown_lines(capfd.readouterr().err)
+    assert line.startswith("Epoch 1/1") and line.endswith(
+        "loss: 0.5000 - accuracy: 0.7500 - val_loss: 0.6250 - val_accuracy: 0.8125]")
