@@ -18,7 +18,7 @@ import torch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.weights import WeightedLoss
 from easyfit.training import functional_step as fs
-from easyfit.training.loop import BatchLogs
+from easyfit.training.tracking import BatchLogs
 from easyfit.utils.checks import check_positive_int
 
 #: steps per call of "auto" for a small step (see `steps_per_call`)

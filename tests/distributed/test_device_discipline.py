@@ -26,7 +26,7 @@ HOST_TENSORS = {
     ("samplers.py", "index_tensor"): "sample indices select rows on the host",
     ("samplers.py", "sampler_indices"): "sample indices select rows on the host",
     ("summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
-    ("loop.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
+    ("tracking.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
 }
 
 
