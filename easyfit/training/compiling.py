@@ -195,7 +195,8 @@ class CompiledSteps:
         arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
 
         def build(key, kind, names):
-            return DirectProgram(own_cache(make_program(key, kind, names)), arguments, direct=not key.outputs)
+            return DirectProgram(own_cache(make_program(key, kind, names)), arguments,
+                                 len(key.steps) if key.outputs else 0)
         runner = FusedTraining(loop, steps, build, programs)
         runner.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
         return runner

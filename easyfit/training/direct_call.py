@@ -4,8 +4,9 @@ torch.compile's entry (its frame hook and the bytecode that gathers the graph's 
 a CPU, a fifth of a small net's step. A program's guards are dropped anyway (functional_step.ProgramKey stands for
 them), so once its first call through torch.compile has traced and compiled it, the compiled graph is called
 directly, its inputs gathered by their names: `l_params_0_` is `params[0]`, `l_state_0_1_2_` is `state[0][1][2]`.
-A graph with an input of another name (a tensor the net holds besides its parameters: a BatchNorm buffer) or with
-other outputs than the losses (the net's outputs, kept for metrics) keeps calling through torch.compile.
+A graph with an input of another name (a tensor the net holds besides its parameters: a BatchNorm buffer), or with
+other outputs than the stacked losses and one tensor per step (the net's outputs, kept for metrics, in step order),
+keeps calling through torch.compile.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class DirectProgram:
     """`function` compiled with `settings` (torch.compile's arguments), called through torch.compile once and then,
     where its graph allows it, directly."""
 
-    def __init__(self, function: Callable, settings: dict, direct: bool):
-        self.backend, self.direct = backend_for(settings), direct
+    def __init__(self, function: Callable, settings: dict, outputs: int):
+        self.backend, self.outputs = backend_for(settings), outputs   # outputs: the per-step outputs it returns
         self.graph = self.paths = self.example = None
         options = {"guard_filter_fn": (settings.get("options") or {}).get("guard_filter_fn")}
         self.compiled = torch.compile(function, backend=self._capture, fullgraph=True, dynamic=False,
@@ -44,14 +45,15 @@ class DirectProgram:
         nodes = list(graph_module.graph.nodes)
         outputs = next(node for node in nodes if node.op == "output").args[0]
         matches = [PLACEHOLDER.fullmatch(node.name) for node in nodes if node.op == "placeholder"]
-        if self.direct and all(matches) and isinstance(outputs, (tuple, list)) and len(outputs) == 1:
+        if all(matches) and _in_step_order(outputs, nodes, self.outputs):
             self.paths = [(ARGUMENTS.index(match[1]), [int(i) for i in match[2].split("_")[1:]]) for match in matches]
             self.graph, self.example = compiled, [id(tensor) for tensor in example_inputs]
         return compiled
 
     def __call__(self, *args):
         if self.graph is not None and self.example is None:
-            return self.graph(*self._gather(args))[0], []
+            result = self.graph(*self._gather(args))
+            return result[0], list(result[1:])
         result = self.compiled(*args)
         if self.example is not None:   # the first call: the names must have found the very tensors traced
             if [id(tensor) for tensor in self._gather(args)] != self.example:
@@ -67,3 +69,13 @@ class DirectProgram:
                 value = value[index]
             flat.append(value)
         return flat
+
+
+def _in_step_order(outputs, nodes: list, count: int) -> bool:
+    """Whether the graph returns the stacked losses and then `count` tensors made in order (one per step)."""
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != 1 + count:
+        return False
+    if not all(isinstance(node, torch.fx.Node) and node.op == "call_function" for node in outputs):
+        return False
+    positions = [nodes.index(node) for node in outputs[1:]]
+    return outputs[0].target is torch.stack and positions == sorted(set(positions))
