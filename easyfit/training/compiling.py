@@ -195,7 +195,7 @@ class CompiledSteps:
         arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
 
         def build(key, kind, names):
-            return DirectProgram(own_cache(make_program(key, kind, names)), arguments,
+            return DirectProgram(own_cache(make_program(key, kind, names.names, names.buffer_names)), arguments,
                                  len(key.steps) if key.outputs else 0)
         runner = FusedTraining(loop, steps, build, programs)
         runner.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES

@@ -4,7 +4,7 @@ torch.compile's entry (its frame hook and the bytecode that gathers the graph's 
 a CPU, a fifth of a small net's step. A program's guards are dropped anyway (functional_step.ProgramKey stands for
 them), so once its first call through torch.compile has traced and compiled it, the compiled graph is called
 directly, its inputs gathered by their names: `l_params_0_` is `params[0]`, `l_state_0_1_2_` is `state[0][1][2]`.
-A graph with an input of another name (a tensor the net holds besides its parameters: a BatchNorm buffer), or with
+A graph with an input of another name (a tensor the net holds besides its parameters and buffers), or with
 other outputs than the stacked losses and one tensor per step (the net's outputs, kept for metrics, in step order),
 keeps calling through torch.compile.
 """
@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 
 #: the program's arguments, in order (functional_step.make_program)
-ARGUMENTS = ("net", "loss_fn", "params", "grads", "state", "inputs", "targets", "weights", "rates")
-PLACEHOLDER = re.compile(r"l_(params|grads|state|inputs|targets|weights|rates)((?:_\d+)*)_")
+ARGUMENTS = ("net", "loss_fn", "params", "buffers", "grads", "state", "inputs", "targets", "weights", "rates")
+PLACEHOLDER = re.compile(r"l_(params|buffers|grads|state|inputs|targets|weights|rates)((?:_\d+)*)_")
 
 
 def backend_for(settings: dict) -> Callable:

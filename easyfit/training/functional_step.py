@@ -126,19 +126,20 @@ def clip_(grads: list[torch.Tensor], max_norm: float) -> None:
         g.mul_(coefficient.to(g.dtype))
 
 
-def make_program(key: ProgramKey, kind: type, names: list[str]) -> Callable:
+def make_program(key: ProgramKey, kind: type, names: list[str], buffer_names: list[str]) -> Callable:
     """The Python function a program traces: `key.steps` steps over per-step lists of inputs, targets and sample
-    weights; `names` are the optimized parameters' names in the net."""
-    def steps(net, loss_fn, params, grads, state, inputs, targets, weights, rates):
+    weights; `names` are the optimized parameters' names in the net, `buffer_names` its buffers'."""
+    def steps(net, loss_fn, params, buffers, grads, state, inputs, targets, weights, rates):
         losses, outputs = [], []
         for k, (fresh, last) in enumerate(key.steps):
-            def loss_of(values, k=k):
+            def loss_of(values, buffers, k=k):   # the buffers are arguments: a BatchNorm updates them in place
+                tensors = {**dict(zip(names, values)), **dict(zip(buffer_names, buffers))}
                 with torch.autocast(params[0].device.type, dtype=key.autocast, enabled=key.autocast is not None):
-                    output = _call(net, dict(zip(names, values)), inputs[k])
+                    output = _call(net, tensors, inputs[k])
                     loss = loss_fn.weighted(output, targets[k], weights[k]) if key.weighted else \
                         loss_fn(output, targets[k])
                 return (loss / key.divisor if key.divisor > 1 else loss), (output, loss)
-            new, (_, (output, loss)) = grad_and_value(loss_of, has_aux=True)([p.detach() for p in params])
+            new, (_, (output, loss)) = grad_and_value(loss_of, has_aux=True)([p.detach() for p in params], buffers)
             losses.append(loss.detach())
             if key.outputs:
                 outputs.append(output)
@@ -167,12 +168,14 @@ def _call(net: torch.nn.Module, values: dict, inputs):
 
 
 class ParameterNames:
-    """The optimizer's parameters (in group order) and their names in the net, for functional_call."""
+    """The optimizer's parameters (in group order) and the net's buffers, with their names, for functional_call."""
 
     def __init__(self, net: torch.nn.Module, optimizer):
         by_id = {id(p): name for name, p in net.named_parameters(remove_duplicate=False)}
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.names = [by_id[id(p)] for p in self.params]
+        named = list(net.named_buffers())
+        self.buffer_names, self.buffers = [name for name, _ in named], [buffer for _, buffer in named]
 
 
 def ensure_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:

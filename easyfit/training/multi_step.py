@@ -117,7 +117,7 @@ class FusedTraining:
         params = self.names.params
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        losses, outputs = program(loop.net, loop.loss_fn, params, fs.ensure_grads(params),
+        losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
                                   self._state(), [item[1] for item in items],
                                   [item[2] for item in items], [item[3] for item in items], rates)
         if self.cuda_graphs:   # the next replay overwrites the graph's outputs: the tracker keeps the losses
@@ -167,7 +167,7 @@ class FusedTraining:
             key = fs.ProgramKey(pattern, self.shapes, settings, run.divisor, loop.settings.gradient_clip_val,
                                 loop.precision.autocast_dtype, weighted, bool(loop.metrics))
             if key not in self.programs:
-                self.programs[key] = self.build(key, type(loop.optimizer), self.names.names)
+                self.programs[key] = self.build(key, type(loop.optimizer), self.names)
             program = self.found[pattern, settings, weighted] = self.programs[key]
         return program
 

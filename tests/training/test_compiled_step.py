@@ -16,9 +16,10 @@ from easyfit.training.multi_step import AUTO_STEPS, steps_per_call
 TRACED = {"backend": "aot_eager"}
 
 
-def smooth_net(dropout: float = 0.0) -> nn.Module:
+def smooth_net(dropout: float = 0.0, batch_norm: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), *([nn.Dropout(dropout)] if dropout else []), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(4, 8), *([nn.BatchNorm1d(8)] if batch_norm else []), nn.Tanh(),
+                         *([nn.Dropout(dropout)] if dropout else []), nn.Linear(8, 3))
 
 
 class BatchHooks(Callback):
@@ -83,17 +84,20 @@ def test_inductor_draws_eager_dropout_masks(classification):
     {"precision": "bf16-mixed"},
     {"optimizer": "adam"},
     {"optimizer": "adamw", "steps_per_execution": 1},
-], ids=["accumulate-clip", "warmup-schedule", "class-weight", "sample-weight", "bf16-mixed", "adam", "adamw"])
+    {"batch_norm": True},
+], ids=["accumulate-clip", "warmup-schedule", "class-weight", "sample-weight", "bf16-mixed", "adam", "adamw",
+        "batch-norm"])
 def test_traced_steps_match_eager_within_1e_5(classification, options):
     options = {"steps_per_execution": 2, **options}
     optimizer = options.pop("optimizer", "sgd")
     step_schedule = options.pop("scheduler", None)
+    batch_norm = options.pop("batch_norm", False)   # its running statistics are updated inside the program
 
     def run(compile):
         torch.manual_seed(1)
-        model = easyfit.Model(smooth_net(), "cross_entropy", optimizer, metrics=["accuracy"], lr=0.05,
-                              scheduler=step_schedule and (lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)),
-                              scheduler_interval="step" if step_schedule else "epoch")
+        schedule = step_schedule and (lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5))
+        model = easyfit.Model(smooth_net(batch_norm=batch_norm), "cross_entropy", optimizer, metrics=["accuracy"],
+                              lr=0.05, scheduler=schedule, scheduler_interval="step" if step_schedule else "epoch")
         kept = {key: value for key, value in options.items() if compile or key != "steps_per_execution"}
         history = model.fit(*classification, epochs=2, batch_size=16, verbose=0, compile=compile, **kept)
         return model, history.history
