@@ -52,6 +52,22 @@ def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> st
     return None
 
 
+def capturable(optimizer) -> None:
+    """Adam's step counters on its parameters' device (torch keeps them on the host unless `capturable`), so that the
+    whole program runs on the device: what a CUDA graph captures. Nothing to do on a CPU or for SGD."""
+    if type(optimizer) is torch.optim.SGD:
+        return
+    for group in optimizer.param_groups:
+        device = group["params"][0].device if group["params"] else torch.device("cpu")
+        if device.type == "cpu":
+            continue
+        group["capturable"] = True   # eager steps then keep the counters where they are
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "step" in state:
+                state["step"] = state["step"].to(device)
+
+
 def state_ready(optimizer) -> bool:
     """Whether each parameter has the state the program reads (the first step, run eagerly, makes it): a
     parameter that got no gradient then keeps none, and the eager step would skip it."""

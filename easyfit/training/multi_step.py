@@ -69,6 +69,7 @@ class FusedTraining:
         if self.declined or step % self.loop.settings.gradient_accumulation_steps:
             return False
         if fs.state_ready(self.loop.optimizer):
+            fs.capturable(self.loop.optimizer)
             return True
         self.declined = True
         warnings.warn("compile=: a parameter got no gradient in the first step, so the optimizer skips it and the "
