@@ -18,7 +18,7 @@ import torch
 from easyfit.training.direct_call import DirectProgram
 from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
-from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, steps_per_call
+from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KEYWORDS = ("backend", "mode", "options", "fullgraph", "dynamic")
@@ -190,7 +190,9 @@ class CompiledSteps:
         programs = self._cached(("programs", id(loop.net), id(loop.optimizer), id(loss), repr(settings)), dict)
         device = loop.strategy.root_device
         extra = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
-        if device.type == "cpu":   # calls the kernels from C++, not from a Python wrapper: less time per call
+        if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
+            # the kernels called from C++, not from Python: 7 µs less per call, but its matrix products are slower
+            # (W2's step: 14.5 ms against 12.5), so only where calls cost more than arithmetic
             extra["cpp_wrapper"] = True
         arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
 

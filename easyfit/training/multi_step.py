@@ -43,11 +43,14 @@ def steps_per_call(value, callbacks, net: torch.nn.Module, batch_size: int, accu
     needs every batch's hooks, else 1."""
     if value != "auto":
         return value
-    if any(callback.needs_every_batch for callback in callbacks.callbacks):
-        return 1
-    if sum(p.numel() for p in net.parameters()) * batch_size >= SMALL_STEP:
+    if any(callback.needs_every_batch for callback in callbacks.callbacks) or not small_step(net, batch_size):
         return 1
     return accumulate * -(-AUTO_STEPS // accumulate)
+
+
+def small_step(net: torch.nn.Module, batch_size: int) -> bool:
+    """Whether a step is bound by the cost of calls rather than arithmetic (parameters × batch size < SMALL_STEP)."""
+    return sum(p.numel() for p in net.parameters()) * batch_size < SMALL_STEP
 
 
 class FusedTraining:
