@@ -32,8 +32,8 @@ SGD_STATE, ADAM_STATE = ("momentum_buffer",), ("exp_avg", "exp_avg_sq", "max_exp
 
 
 def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> str | None:
-    """Why the step cannot be one program here (None: it can): the update must be one this module knows, the
-    strategy's step the base contract's on one process, and every parameter's state made by an earlier step."""
+    """Why the step cannot be one program here (None: it can): the strategy's step must be the base contract's on one
+    process, the update one this module traces, without a loss scaler, over the net's own parameters."""
     from easyfit.distributed.strategies.base import Strategy
     kind = type(strategy)
     if strategy.world_size > 1 or any(getattr(kind, name) is not getattr(Strategy, name) for name in (

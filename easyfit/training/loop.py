@@ -53,6 +53,8 @@ class EpochRun:
     batch_end: bool
     agree_per_step: bool   # every rank agrees after each step whether to stop
     forward_loss: Callable
+    plain: Callable = None   # run(net, inputs, target) of a batch after the first (see `_runner`)
+    has_metrics: bool = False
 
 
 def call_net(net: Callable, inputs: Any):
@@ -120,6 +122,7 @@ class Loop:
                        callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
                        strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
                        self.steps.step("train"))
+        run.plain, run.has_metrics = _runner(run.forward_loss, self.loss_fn, None), bool(self.metrics)
         remaining, first = model.position.begin(batches, tracker, accumulate, epoch)   # first > 0: mid-epoch resume
         net.train()
         self.metrics.reset()
@@ -150,8 +153,8 @@ class Loop:
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                 strategy.zero_grad(optimizer)
             first_step = getattr(batches, "first_step", None)
-            output, target, loss = strategy.training_step(
-                net, inputs, target, _runner(run.forward_loss, self.loss_fn, first_step), precision, run.divisor)
+            step_run = run.plain if first_step is None else _runner(run.forward_loss, self.loss_fn, first_step)
+            output, target, loss = strategy.training_step(net, inputs, target, step_run, precision, run.divisor)
             if first_step is not None:   # the checks of the first batch ran in its real step
                 batches.first_step = None
         if boundary:
@@ -162,7 +165,7 @@ class Loop:
         loss = loss.detach()
         size = batch_length(target if target is not None else inputs)
         run.tracker.add(loss, size)
-        if self.metrics and output is not None:   # None: this rank holds no outputs (see training_step)
+        if run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
             self.metrics.update(output, target)
         if run.batch_end:
             callbacks.call("on_train_batch_end", step, BatchLogs(run.tracker, loss, size))
