@@ -19,7 +19,7 @@ FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "ful
 
 #: (module, function) -> why the tensors it creates belong on the host, whatever device the run uses
 HOST_TENSORS = {
-    ("data.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
+    ("batches.py", "as_tensor"): "the user's arrays, converted where they are; batches move to the device later",
     ("net_weights.py", "from_arrays"): "Keras-style weight arrays, copied into parameters wherever those live",
     ("weights.py", "class_weights"): "the class-weight lookup table is indexed on the host, the result moved",
     ("weights.py", "_as_weights"): "the user's sample weights, moved with their batch",
