@@ -12,8 +12,13 @@ ratio (easyfit's fastest epoch / the hand-written loop's fastest) for reference.
 Workloads and bars (easyfit / hand-written):
   W1 tiny            MLP 32-64-10, 20,000 samples, batch 64, SGD          <= 1.05 (progress bar off)
   W1 tiny, bar on    the same with verbose=1, the bar drawn to a null stream   reported only
+  W1 compiled        W1 with fit(compile=True, steps_per_execution=1): one program per step   <= 0.50 (2x faster)
+  W1 compiled, auto  W1 with fit(compile=True): "auto" runs 8 steps per program                 <= 0.33 (3x faster)
   W2 compute-bound   MLP 784-1024-1024-10, batch 128, Adam                <= 1.01
-  W2 compiled        the same with fit(compile=True) (inductor)           <= 0.91 (at least 1.1x faster)
+  W2 compiled        the same with fit(compile=True) (inductor)           <= 0.80 (at least 1.25x faster)
+
+With jax installed, benchmarks/jax_reference.py times W1 written by hand in JAX + optax (a jitted step in a Python
+loop, and the whole epoch in one lax.scan) in the same run, and the table gives each W1 row's ratio to the scan.
 
 The default clock is this thread's CPU time: with one torch thread all the work runs on it, and it leaves out the
 time spent waiting for a core, which on a shared 2-core VM makes epochs vary by several percent, more than W2's
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import statistics
 import time
@@ -50,6 +56,8 @@ class Workload:
     verbose: int
     bar: float | None
     compile: bool = False   # easyfit's side with fit(compile=True); the hand-written loop stays eager
+    steps_per_execution: int | str = "auto"
+    one_fit: bool = False   # easyfit's epochs are those of one fit call (see `measure_in_one_fit`)
 
     @property
     def steps(self) -> int:
@@ -70,8 +78,13 @@ def workloads() -> list[Workload]:
     return [
         Workload("W1 tiny", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=1.05),
         Workload("W1 tiny, bar on", (32, 64, 10), 20_000, 40, 64, sgd, verbose=1, bar=None),
+        Workload("W1 compiled", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=0.5, compile=True,
+                 steps_per_execution=1, one_fit=True),
+        Workload("W1 compiled, auto", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=1 / 3, compile=True,
+                 one_fit=True),
         Workload("W2 compute-bound", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=1.01),
-        Workload("W2 compiled", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=1 / 1.1, compile=True),
+        Workload("W2 compiled", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=0.8, compile=True,
+                 one_fit=True),
     ]
 
 
@@ -133,7 +146,8 @@ class EasyfitRun:
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
             started = self.clock()
             self.model.fit(self.x, self.y, epochs=1, batch_size=self.work.batch_size, verbose=self.work.verbose,
-                           callbacks=[timer], lr_scaling=None, compile=self.work.compile)
+                           callbacks=[timer], lr_scaling=None, compile=self.work.compile,
+                           steps_per_execution=self.work.steps_per_execution)
             self.setup_seconds.append(self.clock() - started - timer.seconds)
         return timer.seconds
 
@@ -154,6 +168,40 @@ class Result:
         return "PASS" if self.ratio <= self.work.bar else "FAIL"
 
 
+class Interleaved(Callback):
+    """Times each epoch of one fit and runs a hand-written epoch beside it: before it in odd epochs, after it in even
+    ones. Epoch 0 (compilation, the first batch's checks) is the warm-up."""
+
+    def __init__(self, hand: HandWritten, clock: Callable[[], float]):
+        self.hand, self.clock = hand, clock
+        self.started, self.hand_times, self.easy_times = 0.0, [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch % 2:
+            self.hand_times.append(self.hand.epoch())
+        self.started = self.clock()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = self.clock() - self.started
+        if epoch:
+            self.easy_times.append(seconds)
+            if epoch % 2 == 0:
+                self.hand_times.append(self.hand.epoch())
+
+
+def measure_in_one_fit(work: Workload, hand: HandWritten, easy: EasyfitRun, rounds: int,
+                       clock: Callable[[], float]) -> tuple[list[float], list[float], list[float]]:
+    """(hand, easyfit, setup) seconds of the epochs of one fit(epochs=rounds + 1), as a user trains: a fit's first
+    batch runs eagerly (its checks), which in a 4-step W2 epoch per call would be a quarter of the steps."""
+    interleaved = Interleaved(hand, clock)
+    hand.epoch()
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        easy.model.fit(easy.x, easy.y, epochs=rounds + 1, batch_size=work.batch_size, verbose=work.verbose,
+                       callbacks=[interleaved], lr_scaling=None, compile=work.compile,
+                       steps_per_execution=work.steps_per_execution)
+    return interleaved.hand_times, interleaved.easy_times, [0.0]
+
+
 def measure(work: Workload, rounds: int, clock: Callable[[], float]) -> Result:
     """`rounds` interleaved pairs of epochs (hand-written and easyfit) after one warm-up epoch each."""
     torch.manual_seed(0)
@@ -162,6 +210,11 @@ def measure(work: Workload, rounds: int, clock: Callable[[], float]) -> Result:
     hand_net, easy_net = mlp(work.sizes), mlp(work.sizes)
     easy_net.load_state_dict(hand_net.state_dict())
     hand, easy = HandWritten(hand_net, work, x, y, clock), EasyfitRun(easy_net, work, x, y, clock)
+    if work.one_fit:
+        hand_times, easy_times, setup = measure_in_one_fit(work, hand, easy, rounds, clock)
+        return Result(work, statistics.median(hand_times) / work.steps, statistics.median(easy_times) / work.steps,
+                      statistics.median(e / h for e, h in zip(easy_times, hand_times)),
+                      min(easy_times) / min(hand_times), statistics.median(setup))
     hand.epoch(), easy.epoch()   # warm-up: allocator, kernels, lazy imports, compilation
     easy.setup_seconds.clear()
     hand_times, easy_times = [], []
@@ -184,8 +237,25 @@ def print_table(results: list[Result]) -> None:
     print("-" * len(header))
     for r in results:
         bar = f"{r.work.bar:.2f}" if r.work.bar is not None else "-"
+        setup = "(one fit)" if r.work.one_fit else f"{r.setup * 1e3:.1f} ms"
         print(f"{r.work.name:<18} {r.hand:>12.3e} {r.easyfit:>15.3e} {r.ratio:>13.3f} {r.best_ratio:>11.3f} "
-              f"{bar:>6}  {r.verdict:<9}{r.setup * 1e3:.1f} ms")
+              f"{bar:>6}  {r.verdict:<9}{setup}")
+
+
+def print_jax_ratios(results: list[Result]) -> None:
+    """Each W1 row's seconds per step against W1 in JAX (benchmarks/jax_reference.py), when jax is installed."""
+    if importlib.util.find_spec("jax") is None or not any(r.work.name.startswith("W1") for r in results):
+        print("\nJAX reference: not measured (pip install jax jaxlib to print W1's ratio to it)")
+        return
+    from jax_reference import BATCH, SAMPLES, epoch_seconds
+    per_step = {name: seconds / (SAMPLES // BATCH) for name, seconds in epoch_seconds().items()}
+    print(f"\nJAX W1 (wall clock): jitted step in a Python loop {per_step['step']:.3e} s/step, whole epoch in one "
+          f"lax.scan {per_step['scan']:.3e} s/step")
+    for r in results:
+        if r.work.name.startswith("W1"):
+            print(f"  {r.work.name:<18} easyfit / JAX step {r.easyfit / per_step['step']:6.2f}   "
+                  f"easyfit / JAX scan {r.easyfit / per_step['scan']:6.2f}   "
+                  f"hand-written / JAX scan {r.hand / per_step['scan']:6.2f}")
 
 
 def main() -> int:
@@ -212,6 +282,7 @@ def main() -> int:
         print(f"  {work.name}: {work.steps} steps per epoch, {rounds} rounds, done", flush=True)
     print()
     print_table(results)
+    print_jax_ratios(results)
     failed = [r.work.name for r in results if r.verdict == "FAIL"]
     print(f"\nverdict: {'every bar met' if not failed else 'over the bar: ' + ', '.join(failed)}")
     return 1 if failed else 0

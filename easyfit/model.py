@@ -106,9 +106,9 @@ class Model:
             steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
             seed=0, resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
             lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
-            devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-            auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-            **unknown) -> History:
+            steps_per_execution="auto", devices="auto", accelerator="auto", strategy="auto", num_nodes=1,
+            precision=None, compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
+            replace_sampler=True, **unknown) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
@@ -138,6 +138,7 @@ class Model:
             max_restarts: restart the ranks of a failed attempt this often; None (default): easyfit.launch's, or 0.
             fault_tolerance: None (default): checkpoint under a launcher that restarts ranks; False; or its folder.
             fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
+            steps_per_execution: with compile=, training steps per compiled call; "auto" (default) picks (api.md).
         """
         run, options = call_options(locals(), RunOptions, FitOptions)
         check_fit_options(options)
@@ -318,10 +319,9 @@ class Model:
         return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **as_keywords(run))
 
     @run_options_documented
-    def predict_on_batch(self, x, *,
-                         devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                         auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                         **unknown):
+    def predict_on_batch(self, x, *, devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None,
+                         compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
+                         replace_sampler=True, **unknown):
         """`predict` on exactly this batch.
 
         Args:

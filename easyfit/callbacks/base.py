@@ -28,6 +28,12 @@ class Callback:
     #: step whether to stop (one tiny collective per step); a callback that never stops training says False
     may_stop_training: bool = True
 
+    @property
+    def needs_every_batch(self) -> bool:
+        """Whether its training batch hooks must see every batch, so fit(compile=..., steps_per_execution="auto")
+        runs one step per compiled call (with several, the hooks see every N-th batch, as in Keras)."""
+        return any(_overrides(self, hook) for hook in ("on_train_batch_begin", "on_train_batch_end"))
+
     def set_model(self, model) -> None:
         self.model = model
 

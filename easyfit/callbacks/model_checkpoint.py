@@ -43,7 +43,7 @@ class ModelCheckpoint(Callback):
         self.save_best_only, self.save_freq, self.verbose = save_best_only, save_freq, verbose
         self.save_weights_only = save_weights_only
         self.best = self.monitor.worst if initial_value_threshold is None else float(initial_value_threshold)
-        self.batches_since_save = 0
+        self.batches_since_save, self.last_batch = 0, -1
         self.epoch = 0
 
     def state_dict(self) -> dict:
@@ -66,11 +66,19 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        # the batches count by index: with steps_per_execution=N the hook sees every N-th batch (a resumed epoch
+        # starts after the batches its checkpoint had trained)
+        self.last_batch = getattr(getattr(self.model, "position", None), "batches_done", 0) - 1
+
+    @property
+    def needs_every_batch(self) -> bool:
+        return self.save_freq != "epoch"
 
     def on_train_batch_end(self, batch, logs=None):
         if self.save_freq == "epoch":
             return
-        self.batches_since_save += 1
+        self.batches_since_save += batch - self.last_batch
+        self.last_batch = batch
         if self.batches_since_save >= self.save_freq:
             self.batches_since_save = 0
             self._save(self.epoch, batch, logs)

@@ -86,11 +86,12 @@ class ProgressBar(EpochSummary):
                         dynamic_ncols=width is None)
         self.last_refresh = time.monotonic()
 
-    def _advance(self, logs) -> None:
+    def _advance(self, logs, done: int | None = None) -> None:
+        """One more step, or (`done`) as far as that many steps: fit with steps_per_execution reports every N-th."""
         bar = self.bar
         if bar is None:
             return
-        bar.update(1)
+        bar.update(1 if done is None else done - bar.n)
         now = time.monotonic()
         if logs is not None and now - self.last_refresh >= self.refresh_seconds:
             self.last_refresh = now
@@ -114,8 +115,11 @@ class ProgressBar(EpochSummary):
     def on_epoch_begin(self, epoch, logs=None):
         self._open(self.params.get("steps_per_epoch"), self._title(epoch))
 
+    #: the bar catches up with the batches a batch hook did not see
+    needs_every_batch = False
+
     def on_train_batch_end(self, batch, logs=None):
-        self._advance(logs)
+        self._advance(logs, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         self._close(logs)

@@ -83,20 +83,24 @@ class WeightedLoss:
         self.checked = False
 
     def __call__(self, output, target) -> torch.Tensor:
+        return self.weighted(output, target, self.weights)
+
+    def weighted(self, output, target, weights: torch.Tensor | None) -> torch.Tensor:
+        """The loss of a batch weighted by `weights` (a compiled run of several steps passes each batch's)."""
         if not self.checked:
             check_targets(self.loss_fn, output, target)
             self.checked = True
-        if self.weights is None:
+        if weights is None:
             return self.loss_fn(output, target)
         values = self.per_sample(output, target)
-        if not isinstance(values, torch.Tensor) or values.dim() == 0 or values.shape[0] != len(self.weights):
+        if not isinstance(values, torch.Tensor) or values.dim() == 0 or values.shape[0] != len(weights):
             raise ValueError(
                 "sample or class weights need one loss value per sample, but the loss returned "
-                f"{_describe(values)} for a batch of {len(self.weights)}. Pass a loss name, an nn.Module loss "
+                f"{_describe(values)} for a batch of {len(weights)}. Pass a loss name, an nn.Module loss "
                 "with a `reduction` argument, or a function whose result has one value per sample (shape [batch])")
         values = values.reshape(len(values), -1)
         values = values.sum(1) if self.sums_elements else values.mean(1)
-        weighted = (values * self.weights.to(values.dtype)).sum()
+        weighted = (values * weights.to(values.dtype)).sum()
         return weighted if self.sums_batch else weighted / len(values)
 
 

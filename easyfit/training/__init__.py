@@ -4,7 +4,11 @@
 - `in_process`: a call on one rank: batches, the strategy's setup, the loop, the hand-back.
 - `loop`: the epoch / step loop, backend-blind (every backend act goes through the Strategy).
 - `first_batch`: the checks of the first real step.
+- `tracking`: the epoch's loss as tensors, and the per-batch logs.
 - `compiling`: compiled steps (`compile=`).
+- `functional_step`: forward, loss, backward and the optimizer update of one or N steps as one traced program.
+- `multi_step`: an epoch's steps run N per compiled call (`steps_per_execution`).
+- `direct_call`: a program called straight through its compiled graph after its first call.
 - `lockstep`: evaluation in step across ranks for a sharded net.
 - `summary`: the layer table of `model.summary`.
 """

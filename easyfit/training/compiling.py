@@ -1,7 +1,9 @@
 """fit / evaluate / predict with `compile=...`: each step compiled once, with static shapes.
 
-The forward and the loss of a batch are compiled together (their backward with them, by AOTAutograd) for the
-shapes of the first batch; a batch of other shapes (the short last batch of an epoch) runs eagerly, so nothing
+Where it can (one process, SGD / Adam / AdamW, no loss scaler), fit runs each training step, or N of them
+(`steps_per_execution`), as one program: easyfit.training.functional_step and multi_step. Elsewhere the forward
+and the loss of a batch are compiled together (their backward with them, by AOTAutograd) for the shapes of the
+first batch; a batch of other shapes (the short last batch of an epoch) runs eagerly, so nothing
 recompiles and no sample is dropped. Padding that batch instead would change what a BatchNorm layer or a
 mean-reduced loss computes. The optimizer step is compiled too (a torch.optim optimizer without a loss scaler), with
 each group's learning rate held in a tensor, so schedules and warmup change it without recompiling.
@@ -9,13 +11,14 @@ each group's learning rate held in a tensor, so schedules and warmup change it w
 from __future__ import annotations
 
 import contextlib
-import types
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from easyfit.training.direct_call import DirectProgram
+from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
+from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KEYWORDS = ("backend", "mode", "options", "fullgraph", "dynamic")
@@ -50,16 +53,19 @@ def forward_loss(net, loss_fn: Callable | None, inputs, target):
     return output, None if loss_fn is None else loss_fn(output, target)
 
 
-def _own_cache(function: Callable) -> Callable:
-    """A copy of `function` with its own code object: torch.compile keeps its compiled graphs (and counts
-    recompilations against its limit) per code object, so each compiled step gets a cache of its own."""
-    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                              function.__defaults__, function.__closure__)
-
-
-def _shapes(batch) -> tuple:
-    return tuple((tuple(leaf.shape), leaf.dtype, leaf.device) for leaf in tree_leaves(batch)
-                 if isinstance(leaf, torch.Tensor))
+def compile_arguments(settings: dict, extra: dict) -> dict:
+    """torch.compile's keyword arguments from fit's settings, with `extra` inductor options (and a mode given as
+    the options it stands for: torch.compile takes a mode or options, not both). With inductor, random layers
+    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly."""
+    arguments = {key: value for key, value in settings.items() if key not in ("mode", "options")}
+    options = {key: value for key, value in extra.items() if key == "guard_filter_fn"}
+    if settings.get("backend", "inductor") == "inductor":
+        from torch._inductor import list_mode_options
+        options.update({**list_mode_options(settings.get("mode") or "default"), "fallback_random": True, **extra})
+    elif settings.get("mode") is not None:
+        arguments["mode"] = settings["mode"]
+    options.update(settings.get("options") or {})
+    return {**arguments, "options": options}
 
 
 class CompiledStep:
@@ -68,15 +74,15 @@ class CompiledStep:
     (easyfit.training.first_batch)."""
 
     def __init__(self, settings: dict):
-        options = {"dynamic": False, **settings}
+        options = compile_arguments({"dynamic": False, **settings}, {})
         self.static = options["dynamic"] is False
-        self.cuda_graphs = options.get("mode") in CUDA_GRAPH_MODES
-        self.compiled = torch.compile(_own_cache(forward_loss), **options)
+        self.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
+        self.compiled = torch.compile(own_cache(forward_loss), **options)
         self.shapes: tuple | None = None
 
     def __call__(self, net, loss_fn, inputs, target):
         if self.static:
-            shapes = _shapes((inputs, target))
+            shapes = shapes_of(inputs, target)
             self.shapes = self.shapes or shapes
             if shapes != self.shapes:   # another shape (the short last batch): eagerly, so nothing recompiles
                 return forward_loss(net, loss_fn, inputs, target)
@@ -129,9 +135,9 @@ class CompiledOptimizerStep:
     """`optimizer.step()` compiled, its learning rates held in tensors."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, settings: dict):
-        options = {key: value for key, value in settings.items() if key != "dynamic"}
+        options = compile_arguments({key: value for key, value in settings.items() if key != "dynamic"}, {})
         self.optimizer, self.rates = optimizer, LearningRatesInTensors(optimizer)
-        self.compiled = torch.compile(_own_cache(_step), **options)
+        self.compiled = torch.compile(own_cache(_step), **options)
 
     def __call__(self) -> None:
         with self.rates:
@@ -165,6 +171,38 @@ class CompiledSteps:
         key = ("optimizer", id(optimizer), repr(self.settings))
         return self._cached(key, lambda: CompiledOptimizerStep(optimizer, self.settings))
 
+    def fused(self, loop) -> FusedTraining | None:
+        """The runner of whole-step programs for a fit's Loop; None: the steps run as separate calls (eagerly, or
+        compiled per part), which an explicit steps_per_execution > 1 refuses."""
+        if self.settings is None:
+            return None
+        value = loop.settings.steps_per_execution
+        reason = unfusable_reason(loop.net, loop.optimizer, loop.precision, loop.strategy)
+        if reason is not None:
+            if value not in ("auto", 1):
+                raise ValueError(f"steps_per_execution={value} needs the whole step as one program, but {reason}; "
+                                 "pass steps_per_execution=1 (or 'auto')")
+            return None
+        settings = self.settings
+        steps = steps_per_call(value, loop.callbacks, loop.net, loop.settings.batch_size,
+                               loop.settings.gradient_accumulation_steps)
+        loss = getattr(loop.loss_fn, "loss_fn", loop.loss_fn)   # a fit with weights wraps the Model's loss anew
+        programs = self._cached(("programs", id(loop.net), id(loop.optimizer), id(loss), repr(settings)), dict)
+        device = loop.strategy.root_device
+        extra = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
+            # the kernels called from C++, not from Python: 7 µs less per call, but its matrix products are slower
+            # (W2's step: 14.5 ms against 12.5), so only where calls cost more than arithmetic
+            extra["cpp_wrapper"] = True
+        arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
+
+        def build(key, kind, names):
+            return DirectProgram(own_cache(make_program(key, kind, names.names, names.buffer_names)), arguments,
+                                 len(key.steps) if key.outputs else 0)
+        runner = FusedTraining(loop, steps, build, programs)
+        runner.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
+        return runner
+
     @contextlib.contextmanager
     def running(self, value: Any, strategy):
         """The settings of a call's `compile` option in force during the call, under the strategy's compile
@@ -190,6 +228,7 @@ def check_compile(value: Any, strategy, options=None) -> None:
     """Raise before any work when `compile` is malformed, the strategy cannot compile its step, or fit's `options`
     accumulate gradients under CUDA graphs."""
     settings = compile_settings(value)
+    check_steps_per_execution(getattr(options, "steps_per_execution", "auto"), settings is not None)
     if settings is None:
         return
     if not strategy.supports_compile:

@@ -46,7 +46,8 @@ def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History
     val = None if val is None else limit_steps(val, options.validation_steps, "validation")
     precision.convert_module(model.net)
     settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
-                                options.gradient_clip_val, model.scheduler_interval, precision.name)
+                                options.gradient_clip_val, model.scheduler_interval, precision.name,
+                                options.steps_per_execution)
     strategy.configure_training(settings)
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
     objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +16,7 @@ from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.precision import Precision
 from easyfit.training.lockstep import in_lockstep
+from easyfit.training.tracking import BatchLogs, LossTracker
 from easyfit.utils.tensors import map_tensors
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
@@ -30,6 +31,7 @@ class TrainingSettings:
     gradient_clip_val: float | None = None
     scheduler_interval: str = "epoch"
     precision: str = "32"
+    steps_per_execution: Any = "auto"   # training steps per compiled call (see easyfit.training.multi_step)
 
 
 @dataclass
@@ -40,76 +42,20 @@ class TrainingObjects:
     scheduler: Any = None
 
 
-class LossTracker:
-    """Sample-weighted mean loss of an epoch, kept as tensors so the step never waits on `.item()`."""
-
-    FOLD_EVERY = 1024
-
-    def __init__(self, fold_every: int = FOLD_EVERY):
-        self.fold_every = fold_every
-        self.losses: list[torch.Tensor] = []
-        self.sizes: list[int] = []
-        self.folded_sum: torch.Tensor | float = 0.0
-        self.folded_count = 0
-
-    def add(self, loss: torch.Tensor, size: int) -> None:
-        self.losses.append(loss)
-        self.sizes.append(size)
-        if len(self.losses) >= self.fold_every:
-            self._fold()
-
-    def _fold(self) -> None:
-        if self.losses:
-            sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.losses[0].device)
-            self.folded_sum = self.folded_sum + (torch.stack(self.losses).double() * sizes).sum()
-            self.folded_count += sum(self.sizes)
-            self.losses, self.sizes = [], []
-
-    def totals(self) -> tuple[torch.Tensor, int]:
-        self._fold()
-        return torch.as_tensor(self.folded_sum, dtype=torch.float64), self.folded_count
-
-    def local_mean(self) -> float:
-        total, count = self.totals()
-        return float(total) / max(count, 1)
-
-    def global_totals(self, strategy) -> tuple[float, int]:
-        """(loss sum, sample count) over every process: one collective on `strategy.root_device`, whatever device
-        the losses were computed on, and one read back to the host for both numbers."""
-        total, count = self.totals()
-        device = strategy.root_device
-        count = torch.tensor(float(count), dtype=torch.float64, device=device)
-        summed, seen = strategy.reduce(torch.stack([total.to(device), count]), "sum").tolist()
-        return summed, int(seen)
-
-    def global_mean(self, strategy) -> float:
-        """The mean over every sample seen by every process."""
-        summed, seen = self.global_totals(strategy)
-        if not seen:
-            raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
-        return summed / seen
-
-
-class BatchLogs(Mapping):
-    """Per-batch logs for callbacks: {"loss", "batch_loss", "size"}, computed only when read."""
-
-    def __init__(self, tracker: LossTracker, loss: torch.Tensor, size: int):
-        self.tracker, self.loss, self.size = tracker, loss, size
-
-    def __getitem__(self, key):
-        if key == "batch_loss":
-            return float(self.loss)
-        if key == "size":
-            return self.size
-        if key == "loss":
-            return self.tracker.local_mean()
-        raise KeyError(key)
-
-    def __iter__(self):
-        return iter(("loss", "batch_loss", "size"))
-
-    def __len__(self) -> int:
-        return 3
+@dataclass
+class EpochRun:
+    """What the steps of one training epoch share."""
+    batches: Any   # the epoch's batch source; its `first_step` runs the fit's first batch with its checks
+    tracker: LossTracker
+    num_batches: int | None
+    accumulate: int
+    divisor: int   # the loss is divided by it for the backward (1 where the backend divides)
+    batch_begin: bool
+    batch_end: bool
+    agree_per_step: bool   # every rank agrees after each step whether to stop
+    forward_loss: Callable
+    plain: Callable = None   # run(net, inputs, target) of a batch after the first (see `_runner`)
+    has_metrics: bool = False
 
 
 def call_net(net: Callable, inputs: Any):
@@ -136,7 +82,9 @@ class Loop:
         self.train_batches = None
         self.optimizer_steps = 0
         self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
-        self.compiled_optimizer_step = None if self.optimizer is None else \
+        # whole training steps as compiled programs (None: the step's parts are called one by one)
+        self.fused = None if self.optimizer is None else self.steps.fused(self)
+        self.compiled_optimizer_step = None if self.optimizer is None or self.fused is not None else \
             self.steps.optimizer_step(self.optimizer, self.precision, strategy)
 
     # --- training -------------------------------------------------------------------
@@ -162,57 +110,68 @@ class Loop:
         callbacks.call("on_train_end", None)
 
     def train_epoch(self, batches, epoch: int = 0) -> dict[str, float]:
-        net, strategy, precision, optimizer = self.net, self.strategy, self.precision, self.optimizer
-        callbacks, metrics, loss_fn, model = self.callbacks, self.metrics, self.loss_fn, self.model
+        net, strategy, callbacks, model = self.net, self.strategy, self.callbacks, self.model
         accumulate = self.settings.gradient_accumulation_steps
-        divisor = 1 if strategy.handles_accumulation else accumulate   # a backend that accumulates divides itself
-        batch_begin, batch_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
-        has_metrics = bool(metrics)
         tracker = self._loss_tracker()
         num_batches = batch_count(batches)
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
-        agree_per_step = strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch()
         self._check_even_batches(num_batches)
-        position, forward_loss = model.position, self.steps.step("train")
-        remaining, first = position.begin(batches, tracker, accumulate, epoch)   # first > 0: a mid-epoch resume
+        run = EpochRun(batches, tracker, num_batches, accumulate,
+                       1 if strategy.handles_accumulation else accumulate,   # a backend that accumulates divides
+                       callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
+                       strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
+                       self.steps.step("train"))
+        run.plain, run.has_metrics = _runner(run.forward_loss, self.loss_fn, None), bool(self.metrics)
+        remaining, first = model.position.begin(batches, tracker, accumulate, epoch)   # first > 0: mid-epoch resume
         net.train()
         if not first:   # a resumed epoch's metrics hold the state of its batches before the checkpoint
-            metrics.reset()
-        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, loss_fn, None)
+            self.metrics.reset()
+        step, fused = first - 1, self.fused
         with strategy.uneven_inputs(net) if uneven else SYNC:
-            for step, batch in enumerate(strategy.feed(remaining), first):
-                if batch_begin:
-                    callbacks.call("on_train_batch_begin", step, None)
-                inputs, target = split_batch(precision.convert_input(batch))
-                boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == num_batches
-                with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
-                    if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
-                        strategy.zero_grad(optimizer)
-                    run = plain if first_step is None else _runner(forward_loss, loss_fn, first_step)
-                    output, target, loss = strategy.training_step(net, inputs, target, run, precision, divisor)
-                    if first_step is not None:   # the checks of the first batch ran in its real step
-                        first_step = batches.first_step = None
-                if boundary:
-                    self._optimizer_step()
-                elif divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
-                    strategy.optimizer_step(optimizer, precision)
-                position.batches_done = step + 1
-                loss = loss.detach()
-                size = batch_length(target if target is not None else inputs)
-                tracker.add(loss, size)
-                if has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
-                    metrics.update(output, target)
-                if batch_end:
-                    callbacks.call("on_train_batch_end", step, BatchLogs(tracker, loss, size))
-                if self._agreed_to_stop() if agree_per_step else model.stop_training:
+            feed = iter(strategy.feed(remaining))
+            for step, batch in enumerate(feed, first):
+                if fused is not None and getattr(batches, "first_step", None) is None and fused.ready(step):
+                    step = fused.train(itertools.chain([batch], feed), step, run)
+                    break
+                if self.train_batch(step, batch, run):
                     break
         if tracker.folded_count == 0 and not tracker.losses:
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
         return self._epoch_logs(tracker)
+
+    def train_batch(self, step: int, batch, run: EpochRun) -> bool:
+        """One training step, its parts run one by one (eagerly, or each compiled); whether to stop."""
+        strategy, optimizer, precision, callbacks = self.strategy, self.optimizer, self.precision, self.callbacks
+        net, accumulate, batches = self.net, run.accumulate, run.batches
+        if run.batch_begin:
+            callbacks.call("on_train_batch_begin", step, None)
+        inputs, target = split_batch(precision.convert_input(batch))
+        boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == run.num_batches
+        with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
+            if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
+                strategy.zero_grad(optimizer)
+            first_step = getattr(batches, "first_step", None)
+            step_run = run.plain if first_step is None else _runner(run.forward_loss, self.loss_fn, first_step)
+            output, target, loss = strategy.training_step(net, inputs, target, step_run, precision, run.divisor)
+            if first_step is not None:   # the checks of the first batch ran in its real step
+                batches.first_step = None
+        if boundary:
+            self._optimizer_step()
+        elif run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
+            strategy.optimizer_step(optimizer, precision)
+        self.model.position.batches_done = step + 1
+        loss = loss.detach()
+        size = batch_length(target if target is not None else inputs)
+        run.tracker.add(loss, size)
+        if run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
+            self.metrics.update(output, target)
+        if run.batch_end:
+            callbacks.call("on_train_batch_end", step, BatchLogs(run.tracker, loss, size))
+        return self._agreed_to_stop() if run.agree_per_step else self.model.stop_training
 
     def _loss_tracker(self) -> LossTracker:
         return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
@@ -251,18 +210,25 @@ class Loop:
         return logs
 
     def _optimizer_step(self) -> None:
-        settings, optimizer = self.settings, self.optimizer
-        if self.warmup is not None:
-            self.warmup.apply(self.optimizer_steps)
-        strategy = self.strategy
+        settings, optimizer, strategy = self.settings, self.optimizer, self.strategy
+        self.before_step()
         if settings.gradient_clip_val is not None and not strategy.handles_clipping:
             strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
         if self.compiled_optimizer_step is not None:
             self.compiled_optimizer_step()
         else:
             strategy.optimizer_step(optimizer, self.precision)
+        self.after_step()
+
+    def before_step(self) -> None:
+        """The warmup's learning rate for the coming optimizer step."""
+        if self.warmup is not None:
+            self.warmup.apply(self.optimizer_steps)
+
+    def after_step(self) -> None:
+        """The optimizer step counted, and a per-step schedule stepped."""
         self.optimizer_steps += 1
-        if self.scheduler is not None and settings.scheduler_interval == "step":
+        if self.scheduler is not None and self.settings.scheduler_interval == "step":
             self.scheduler.step()
 
     def _step_scheduler_per_epoch(self, logs: dict, plateau_key: str) -> None:

@@ -58,6 +58,7 @@ class FitOptions:
     max_restarts: int | None = None   # None: as easyfit.launch(max_restarts=...) said, else 0
     fault_tolerance: Any = None       # None: on under a launcher that restarts ranks; False: off; a folder
     fault_tolerance_every_n_steps: int | None = None
+    steps_per_execution: Any = "auto"   # int or "auto": training steps per compiled call (easyfit.training.multi_step)
 
 
 RUN_OPTIONS_DOC = """

@@ -28,7 +28,7 @@ HOST_TENSORS = {
     ("data/samplers.py", "index_tensor"): "sample indices select rows on the host",
     ("data/samplers.py", "sampler_indices"): "sample indices select rows on the host",
     ("training/summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
-    ("training/loop.py", "totals"): "the epoch's loss sum before the first batch (a float), moved where it is reduced",
+    ("training/tracking.py", "totals"): "the epoch's loss sum before the first batch (a float), moved to be reduced",
 }
 
 

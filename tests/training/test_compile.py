@@ -137,3 +137,17 @@ def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, m
     graphs = GraphsPerEpoch()
     _assert_close(eager, _fit(make_net, classification, compile=mode, device="cuda", callbacks=[graphs]), 1e-5)
     assert graphs.counts[0] > 0 and graphs.counts[1] == graphs.counts[0]   # nothing compiled in the second epoch
+
+
+def test_a_step_compiled_in_parts_draws_eager_dropout_masks(make_net, classification):
+    """Adagrad's update is not traced into a whole-step program, so the forward and loss, and the optimizer step,
+    are compiled apart; with inductor's fallback_random the Dropout masks are still eager's."""
+    def fit(compile):
+        torch.manual_seed(3)
+        model = easyfit.Model(make_net(dropout=0.3), "cross_entropy", "adagrad", lr=0.01)
+        return model, model.fit(*classification, epochs=2, batch_size=32, verbose=0, compile=compile).history
+    (eager, eager_history), (compiled, history) = fit(False), fit(True)
+    assert not [key for value in compiled.compiled_steps.cache.values() if isinstance(value, dict) for key in value]
+    for expected, actual in zip(eager.net.state_dict().values(), compiled.net.state_dict().values()):
+        assert (actual - expected).abs().max().item() <= 1e-5
+    assert history["loss"] == pytest.approx(eager_history["loss"], abs=1e-5)

@@ -1,0 +1,177 @@
+"""fit(compile=..., steps_per_execution=N): an epoch's training steps as compiled programs of N steps each.
+
+Each call runs N optimizer steps (forward, loss, backward, clipping, update: easyfit.training.functional_step) over
+N batches taken from the epoch's batches, as Keras' `steps_per_execution` does. The learning rate of each step
+(warmup, a per-step schedule) is worked out before the call, the losses are tracked and the metrics updated batch by
+batch after it, and the batch hooks see every N-th batch: `on_train_batch_begin` the call's first, and
+`on_train_batch_end` its last. Epoch hooks, metrics, checkpoints and the History see what an eager fit shows.
+
+Batches of other shapes than the first (the short last batch) run eagerly, so nothing recompiles; a run of fewer
+than N batches before one (or at the end of the epoch) runs through the one-step program.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from easyfit.data.contents import batch_length, split_batch
+from easyfit.data.weights import WeightedLoss
+from easyfit.training import functional_step as fs
+from easyfit.training.tracking import BatchLogs
+from easyfit.utils.checks import check_positive_int
+
+#: steps per call of "auto" for a small step (see `steps_per_call`)
+AUTO_STEPS = 8
+#: "auto" runs several steps per call when parameters × batch size is below this: the step is then dominated by
+#: the cost of calls, not arithmetic (the 32-64-10 MLP at batch 64: 1.7e5; the 784-1024-1024-10 one at 128: 2.4e8)
+SMALL_STEP = 1 << 24
+
+
+def check_steps_per_execution(value, compiling: bool) -> None:
+    """A positive integer or "auto"; more than one step per call needs `compile=`."""
+    if value == "auto":
+        return
+    check_positive_int(value, "steps_per_execution", 'a positive integer or "auto"')
+    if value > 1 and not compiling:
+        raise ValueError(f"steps_per_execution={value} runs {value} steps as one compiled program, which needs "
+                         "compile=True (or a torch.compile mode); pass compile=True, or steps_per_execution=1")
+
+
+def steps_per_call(value, callbacks, net: torch.nn.Module, batch_size: int, accumulate: int) -> int:
+    """N for the fit: `value`, or for "auto" AUTO_STEPS (a multiple of `accumulate`) on a small step when no callback
+    needs every batch's hooks, else 1."""
+    if value != "auto":
+        return value
+    if any(callback.needs_every_batch for callback in callbacks.callbacks) or not small_step(net, batch_size):
+        return 1
+    return accumulate * -(-AUTO_STEPS // accumulate)
+
+
+def small_step(net: torch.nn.Module, batch_size: int) -> bool:
+    """Whether a step is bound by the cost of calls rather than arithmetic (parameters × batch size < SMALL_STEP)."""
+    return sum(p.numel() for p in net.parameters()) * batch_size < SMALL_STEP
+
+
+class FusedTraining:
+    """Trains the rest of an epoch with programs of `steps` steps; built by CompiledSteps, which keeps `programs`."""
+
+    def __init__(self, loop, steps: int, build, programs: dict):
+        self.loop, self.steps, self.build, self.programs = loop, steps, build, programs
+        self.names = fs.ParameterNames(loop.net, loop.optimizer)
+        self.shapes: tuple | None = None
+        self.rates: torch.Tensor | None = None
+        self.rate_values: list | None = None
+        self.cuda_graphs = self.declined = False
+        self.state_lists, self.state_of = None, None
+        self.found: dict = {}   # (steps, optimizer settings, weighted): program, for this fit
+
+    def ready(self, step: int) -> bool:
+        """Whether the programs can take over at batch `step`: at the start of an accumulation window, with the
+        optimizer's state made by the eager first step (else, once warned, the fit's steps run part by part)."""
+        if self.declined or step % self.loop.settings.gradient_accumulation_steps:
+            return False
+        if fs.state_ready(self.loop.optimizer):
+            fs.capturable(self.loop.optimizer)
+            return True
+        self.declined = True
+        warnings.warn("compile=: a parameter got no gradient in the first step, so the optimizer skips it and the "
+                      "whole step cannot be one program; its parts are compiled one by one instead", stacklevel=2)
+        return False
+
+    def train(self, batches, step: int, run) -> int:
+        """Train `batches` (an iterator) from batch index `step`; the index of the last batch trained."""
+        return self._train(batches, step, run)[0]
+
+    def _train(self, batches, step: int, run) -> tuple[int, bool]:
+        loop, precision, pending = self.loop, self.loop.precision, []
+        weighted = isinstance(loop.loss_fn, WeightedLoss)
+        last = step - 1
+        for last, batch in enumerate(batches, step):
+            inputs, target = split_batch(precision.convert_input(batch))
+            weights = loop.loss_fn.weights if weighted else None
+            shapes = fs.shapes_of(inputs, target, weights)
+            self.shapes = self.shapes or shapes
+            if shapes != self.shapes:   # another shape: eagerly, after the batches before it
+                if self._flush(pending, run) or loop.train_batch(last, batch, run):
+                    return last, True
+                pending = []
+                continue
+            pending.append((last, inputs, target, weights))
+            if len(pending) == self.steps:
+                if self._call(pending, run):
+                    return last, True
+                pending = []
+        return last, self._flush(pending, run)
+
+    def _flush(self, pending: list, run) -> bool:
+        """The batches of a run shorter than N, one per call."""
+        return any(self._call([item], run) for item in pending)
+
+    def _call(self, items: list, run) -> bool:
+        """One program over `items`; whether a callback asked to stop."""
+        loop, callbacks = self.loop, self.loop.callbacks
+        first, last = items[0][0], items[-1][0]
+        if run.batch_begin:
+            callbacks.call("on_train_batch_begin", first, None)
+        pattern = tuple(((s % run.accumulate == 0), (s + 1) % run.accumulate == 0 or s + 1 == run.num_batches)
+                        for s, _, _, _ in items)
+        rates = self._rates(pattern)
+        program = self._program(pattern, items[0][3] is not None, run)
+        params = self.names.params
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
+                                  self._state(), [item[1] for item in items],
+                                  [item[2] for item in items], [item[3] for item in items], rates)
+        if self.cuda_graphs:   # the next replay overwrites the graph's outputs: the tracker keeps the losses
+            losses = losses.clone()
+        loop.optimizer._opt_called = True   # what an LR scheduler's wrapper of `step` records (it was bypassed)
+        loop.model.position.batches_done = last + 1
+        size = 0
+        for (_, inputs, target, _), loss in zip(items, losses.unbind()):
+            size = batch_length(target if target is not None else inputs)
+            run.tracker.add(loss, size)
+        for (_, _, target, _), output in zip(items, outputs):
+            loop.metrics.update(output, target)
+        if run.batch_end:
+            callbacks.call("on_train_batch_end", last, BatchLogs(run.tracker, losses[-1], size))
+        return loop.model.stop_training
+
+    def _state(self) -> list:
+        """The optimizer's state tensors, gathered again when its state was replaced (loaded) or grew."""
+        state = self.loop.optimizer.state
+        if self.state_of != (id(state), len(state)):
+            self.state_lists, self.state_of = fs.state_tensors(self.loop.optimizer), (id(state), len(state))
+        return self.state_lists
+
+    def _rates(self, pattern: tuple) -> torch.Tensor:
+        """Each step's learning rate per group, as the eager loop sets them (warmup, a per-step schedule)."""
+        loop, values = self.loop, []
+        groups = loop.optimizer.param_groups
+        for _, last in pattern:
+            if last:
+                loop.before_step()
+                values.append([float(group["lr"]) for group in groups])
+                loop.after_step()
+            else:
+                values.append([0.0] * len(groups))
+        if values != self.rate_values:
+            params = self.names.params
+            self.rates = torch.tensor(values, dtype=torch.float64, device=params[0].device)
+            self.rate_values = values
+        return self.rates
+
+    def _program(self, pattern: tuple, weighted: bool, run):
+        """The program for these steps: what changes between calls is looked up first, the rest is this fit's."""
+        loop = self.loop
+        settings = fs.optimizer_settings(loop.optimizer)
+        program = self.found.get((pattern, settings, weighted))
+        if program is None:
+            key = fs.ProgramKey(pattern, self.shapes, settings, run.divisor, loop.settings.gradient_clip_val,
+                                loop.precision.autocast_dtype, weighted, bool(loop.metrics))
+            if key not in self.programs:
+                self.programs[key] = self.build(key, type(loop.optimizer), self.names)
+            program = self.found[pattern, settings, weighted] = self.programs[key]
+        return program
+
