@@ -10,6 +10,7 @@ HOOKS = (
     "on_train_batch_begin", "on_train_batch_end",
     "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
     "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
+    "on_checkpoint_saved",
 )
 
 
@@ -63,6 +64,13 @@ class Callback:
     def on_predict_batch_begin(self, batch, logs=None): pass
     def on_predict_batch_end(self, batch, logs=None): pass
 
+    def on_checkpoint_saved(self, path):
+        """ModelCheckpoint wrote a checkpoint (a file, or a sharded checkpoint's folder) to `path`, on every rank."""
+
+    def on_fit_returned(self):
+        """In the process that called fit, once fit has returned: after a spawned rank 0's state and attributes came
+        back, outside every launcher and restart. A callback raises an outcome to the caller here (OptunaPruning)."""
+
 
 class CallbackList:
     """Calls each hook on the callbacks that override it, in order; a hook nobody overrides costs one check."""
@@ -108,6 +116,12 @@ class CallbackList:
             warnings.warn(f"resuming: no callback of this fit takes the saved state of {', '.join(unclaimed)}; "
                           "that state is dropped. Pass the same callbacks (same kind, monitor and filepath) to "
                           "continue them.", RuntimeWarning, stacklevel=3)
+
+
+def fit_returned(callbacks: list) -> None:
+    """Tell the user's callbacks, in their order, that fit returned in this process."""
+    for callback in callbacks:
+        callback.on_fit_returned()
 
 
 #: hooks that also run a callback's override of an older name for them
