@@ -26,8 +26,9 @@ class WeightAveraging(Callback):
 
     may_stop_training = False
 
-    def __init__(self, multi_avg_fn, use_buffers: bool):
-        self.multi_avg_fn, self.use_buffers = multi_avg_fn, use_buffers
+    def __init__(self, use_buffers: bool):
+        self.use_buffers = use_buffers
+        self.multi_avg_fn = None   # swa_utils' averaging function, while a fit runs (a closure: it never travels)
         self.local: list[torch.Tensor] | None = None      # this rank's training tensors, while a fit runs
         self.averaged: list[torch.Tensor] | None = None   # this rank's averages of them
         self.num_averaged = 0
@@ -68,6 +69,7 @@ class WeightAveraging(Callback):
     def on_train_begin(self, logs=None):
         model = self.model
         self.local = model.strategy.local_tensors(model._training.net, self.use_buffers)
+        self.multi_avg_fn = self._averaging_function()
         self.averaged = [tensor.clone() for tensor in self.local]
         self.num_averaged, self.training_weights, saved = 0, None, self.saved
         self.saved = None
@@ -80,6 +82,9 @@ class WeightAveraging(Callback):
             self.num_averaged = saved["num_averaged"]
         model.load_net_state(training)
         self._start(saved)
+
+    def _averaging_function(self):
+        raise NotImplementedError
 
     def _start(self, saved: dict) -> None:
         """A subclass takes its own part of a resumed state (empty for a fresh fit)."""
@@ -97,7 +102,7 @@ class WeightAveraging(Callback):
             self.training_weights = self._clone_net_state()
             torch._foreach_copy_(self.local, self.averaged)
             self._finish()
-        self.local = self.averaged = None
+        self.local = self.averaged = self.multi_avg_fn = None
 
     def _finish(self) -> None:
         """After the averages went into the net, before the strategy hands the weights back."""
@@ -140,10 +145,13 @@ class EMA(WeightAveraging):
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay <= 1.0:
             raise ValueError(f"EMA: decay must be a number in [0, 1], e.g. 0.999, got {decay!r}")
         check_positive_int(every_n_steps, "EMA: every_n_steps")
-        super().__init__(get_ema_multi_avg_fn(decay), use_buffers)
+        super().__init__(use_buffers)
         self.decay, self.every_n_steps = decay, every_n_steps
         self.steps = 0
         self.accumulate, self.steps_per_epoch = 1, None
+
+    def _averaging_function(self):
+        return get_ema_multi_avg_fn(self.decay)
 
     def _start(self, saved: dict) -> None:
         self.steps = saved.get("steps", 0)
@@ -185,12 +193,15 @@ class SWA(WeightAveraging):
             raise ValueError(f"SWA: annealing_epochs must be a number of epochs >= 0, got {annealing_epochs!r}")
         if annealing_strategy not in ("cos", "linear"):
             raise ValueError(f"SWA: annealing_strategy must be 'cos' or 'linear', got {annealing_strategy!r}")
-        super().__init__(get_swa_multi_avg_fn(), use_buffers=False)
+        super().__init__(use_buffers=False)
         self.swa_lr, self.start_epoch = swa_lr, start_epoch
         self.annealing_epochs, self.annealing_strategy = annealing_epochs, annealing_strategy
         self.scheduler: SWALR | None = None
         self.epoch = self.averaged_epoch = -1
         self.scheduler_steps: int | None = None   # a resumed SWALR's step count, until it is rebuilt
+
+    def _averaging_function(self):
+        return get_swa_multi_avg_fn()
 
     def _start(self, saved: dict) -> None:
         if self.model.scheduler is not None:
@@ -222,6 +233,11 @@ class SWA(WeightAveraging):
         self._average_epoch()
         if self.scheduler is not None:
             self.scheduler.step()
+
+    def on_train_end(self, logs=None):
+        if self.scheduler is not None:   # SWALR holds the fit's optimizer: only its place in the annealing stays
+            self.scheduler_steps, self.scheduler = self.scheduler._step_count, None
+        super().on_train_end(logs)
 
     def _own_state(self) -> dict:
         steps = self.scheduler._step_count if self.scheduler is not None else self.scheduler_steps
