@@ -25,6 +25,9 @@ class Callback:
     params: dict = {}
     #: run this callback's hooks after all the others' (ModelCheckpoint: its checkpoints then hold their state)
     runs_last: bool = False
+    #: run this callback's hooks before all the others' (ThroughputMonitor: the values it adds to an epoch's logs
+    #: then reach the History, the display and the loggers)
+    runs_first: bool = False
     #: whether a batch hook may set `model.stop_training`: then, on several processes, the ranks agree after each
     #: step whether to stop (one tiny collective per step); a callback that never stops training says False
     may_stop_training: bool = True
@@ -76,7 +79,8 @@ class CallbackList:
     """Calls each hook on the callbacks that override it, in order; a hook nobody overrides costs one check."""
 
     def __init__(self, callbacks, model, params: dict):
-        self.callbacks = sorted(callbacks, key=lambda callback: getattr(callback, "runs_last", False))
+        self.callbacks = sorted(callbacks, key=lambda callback: getattr(callback, "runs_last", False)
+                                - getattr(callback, "runs_first", False))
         for callback in self.callbacks:
             callback.set_model(model)
             callback.set_params(params)
