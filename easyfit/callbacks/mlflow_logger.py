@@ -74,6 +74,7 @@ class MLflowLogger(TrackingLogger):
         self.client.set_terminated(self.run_id, "FINISHED")
         self.client = None
 
-    def _epochs_in_run(self) -> int | None:
-        history = self.client.get_metric_history(self.run_id, "epoch")
-        return max((int(metric.step) for metric in history), default=-1) + 1
+    def _held_by_run(self) -> tuple[int, int]:
+        epochs = self.client.get_metric_history(self.run_id, "epoch")
+        steps = self.client.get_metric_history(self.run_id, "batch_loss")
+        return (max((int(m.step) for m in epochs), default=-1) + 1, max((int(m.step) for m in steps), default=0))

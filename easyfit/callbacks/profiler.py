@@ -44,6 +44,7 @@ class Profiler(Callback):
         activities = [ProfilerActivity.CPU]
         if self.model.strategy.root_device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        self._stop()   # one an attempt that failed left running
         handler = tensorboard_trace_handler(self.output, worker_name=f"rank{self.model.global_rank}")
         self.steps, self.summary, self.trace = 0, None, None
         self.profiler = profile(activities=activities, on_trace_ready=lambda prof: self._ready(prof, handler),

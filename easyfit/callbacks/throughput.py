@@ -73,7 +73,9 @@ class ThroughputMonitor(Callback):
         self.samples = self.batches = 0
 
     def on_train_begin(self, logs=None):
-        self.flops_per_sample, self.counting = None, self.count_flops
+        if self.counter is not None:   # an attempt that failed in its first step left it counting
+            self.counter.__exit__(None, None, None)
+        self.flops_per_sample, self.counting, self.counter = None, self.count_flops, None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started = self.ended = None

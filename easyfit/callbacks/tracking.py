@@ -31,6 +31,7 @@ class TrackingLogger(Callback):
         self.run_id: str | None = None
         self.logged_epochs = 0   # the run holds epochs 0 .. logged_epochs - 1
         self.steps = 0           # training batches seen by the run (per-step logging)
+        self.logged_steps = 0    # the run holds batch_loss up to this step
         self.saved: dict | None = None   # a loaded state, until the fit it resumes starts
         self.running = False
 
@@ -55,9 +56,10 @@ class TrackingLogger(Callback):
     def _close(self) -> None:
         raise NotImplementedError
 
-    def _epochs_in_run(self) -> int | None:
-        """How many epochs the run holds, as its store says (None: the store cannot be asked)."""
-        return None
+    def _held_by_run(self) -> tuple[int, int]:
+        """(epochs, training batches) the run holds as its store says: what an attempt that failed after logging,
+        before its checkpoint, left there; (0, 0) where the store cannot be asked."""
+        return 0, 0
 
     # --- the fit -------------------------------------------------------------------------
     def set_params(self, params: dict) -> None:
@@ -77,11 +79,15 @@ class TrackingLogger(Callback):
         saved, self.saved = self.saved or {}, None
         if not self.model.is_global_zero:
             return
+        if self.running:   # an attempt that failed left its run open: a restart continues it
+            self._close()
         self.run_id = self._open(saved.get("run_id"))
         self.running = True
         self.logged_epochs, self.steps = saved.get("logged_epochs", 0), saved.get("steps", 0)
-        if "run_id" in saved:   # the store knows best which epochs a run interrupted after logging holds
-            self.logged_epochs = max(self.logged_epochs, self._epochs_in_run() or 0)
+        self.logged_steps = self.steps
+        if "run_id" in saved:   # the store knows best what a run interrupted after logging holds
+            epochs, steps = self._held_by_run()
+            self.logged_epochs, self.logged_steps = max(self.logged_epochs, epochs), max(self.steps, steps)
         else:
             self._log_params(fit_settings(self.model, self.params))
         self._set_tag("summary", self.params.get("summary", ""))
@@ -102,7 +108,7 @@ class TrackingLogger(Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.running and self.log_every_n_steps is not None:
             self.steps += 1
-            if self.steps % self.log_every_n_steps == 0:
+            if self.steps % self.log_every_n_steps == 0 and self.steps > self.logged_steps:
                 self._log_metrics({"batch_loss": logs["batch_loss"]}, self.steps, self.STEP_KEY)
 
     def on_checkpoint_saved(self, path):

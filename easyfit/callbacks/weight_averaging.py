@@ -71,7 +71,7 @@ class WeightAveraging(Callback):
         self.local = model.strategy.local_tensors(model._training.net, self.use_buffers)
         self.multi_avg_fn = self._averaging_function()
         self.averaged = [tensor.clone() for tensor in self.local]
-        self.num_averaged, self.training_weights, saved = 0, None, self.saved
+        self.num_averaged, self.training_weights, self.backup, saved = 0, None, None, self.saved
         self.saved = None
         if saved is None:   # a fresh fit starts a new average
             return self._start({})
