@@ -20,6 +20,7 @@ PEAKS = (
     (("b200",), {"fp32": 80e12, "tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12}),
     (("a100",), {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}),
     (("l40s",), {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12}),
+    (("l40",), {"fp32": 90.5e12, "tf32": 90.5e12, "bf16": 181e12, "fp16": 181e12}),
     (("l4",), {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12}),
     (("a10",), {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12}),
     (("rtx", "4090"), {"fp32": 82.6e12, "tf32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12}),
@@ -35,11 +36,14 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     table does not know it (a CPU, an unlisted GPU, a compute type it lacks)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device).lower()
-    kind = "bf16" if "bf16" in precision else "fp16" if "16" in precision else \
-        "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    return lookup_peak(torch.cuda.get_device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
+
+
+def lookup_peak(name: str, precision: str, tf32: bool) -> float | None:
+    """`PEAKS`' figure for a GPU named `name` computing in `precision` (fp32 matmuls on tensor cores with `tf32`)."""
+    kind = "bf16" if "bf16" in precision else "fp16" if "16" in precision else "tf32" if tf32 else "fp32"
     for words, peaks in PEAKS:
-        if all(word in name for word in words):
+        if all(word in name.lower() for word in words):
             return peaks.get(kind)
     return None
 

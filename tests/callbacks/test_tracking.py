@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from around_helpers import NEEDS_MLFLOW, NEEDS_OPTUNA, NEEDS_WANDB, hand_ema, make_data, make_net, max_difference, \
-    run_around
+from around_helpers import (
+    NEEDS_MLFLOW,
+    NEEDS_OPTUNA,
+    NEEDS_WANDB,
+    hand_ema,
+    make_data,
+    make_net,
+    max_difference,
+    run_around,
+)
 from wandb_files import offline_runs, read_run
 
 import easyfit
-from easyfit.callbacks import EMA, MLflowLogger, ModelCheckpoint, WandbLogger
+from easyfit.callbacks import MLflowLogger, ModelCheckpoint, WandbLogger
 
 
 @pytest.fixture(autouse=True)
