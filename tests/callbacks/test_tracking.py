@@ -7,7 +7,6 @@ import pytest
 import torch
 from around_helpers import (
     NEEDS_MLFLOW,
-    NEEDS_OPTUNA,
     NEEDS_WANDB,
     hand_ema,
     make_data,
@@ -128,7 +127,6 @@ def test_bad_arguments_are_named_before_training():
 
 @NEEDS_MLFLOW
 @NEEDS_WANDB
-@NEEDS_OPTUNA
 @pytest.mark.timeout(600)
 def test_ddp_logs_once_from_rank_zero(ddp_around):
     """One run per library, written by rank 0 alone, with the History every rank ends with."""
