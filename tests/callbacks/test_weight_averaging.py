@@ -3,6 +3,8 @@ and under fsdp on 2 CPU processes: validation runs the averages, the net holds t
 (loaded as data) hold both sets and a resume continues exactly."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from around_helpers import hand_ema, make_data, make_net, max_difference, run_around
@@ -150,3 +152,9 @@ def test_ema_under_ddp_on_two_processes(ddp_around):
 @pytest.mark.timeout(600)
 def test_ema_under_fsdp_averages_each_shard_and_hands_back_the_full_average(tmp_path):
     check_averaged_run(run_around(tmp_path, "fsdp", ["ema"])["ema"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install easyfit[deepspeed]")
+def test_ema_under_deepspeed_zero3_averages_each_ranks_fp32_partition(tmp_path):
+    check_averaged_run(run_around(tmp_path, "deepspeed_stage_3", ["ema"])["ema"])

@@ -311,6 +311,6 @@ def _local_fp32(param: torch.nn.Parameter) -> torch.Tensor:
     """This rank's part of the fp32 master copy of `param` (a view the optimizer steps)."""
     if hasattr(param, "ds_id"):
         from deepspeed.utils import safe_get_local_fp32_param
-        return safe_get_local_fp32_param(param)
+        return safe_get_local_fp32_param(param).detach()
     mapping = getattr(param, "_hp_mapping", None)
-    return mapping.get_hp_fragment() if mapping is not None else param.detach().flatten()[:0]
+    return mapping.get_hp_fragment().detach() if mapping is not None else param.detach().flatten()[:0]
