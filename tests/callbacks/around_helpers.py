@@ -23,7 +23,7 @@ NEEDS_OPTUNA = pytest.mark.skipif(not HAVE["optuna"], reason="pip install easyfi
 
 def available_checks() -> list[str]:
     """The checks of around.py whose libraries are installed."""
-    checks = ["ema", "throughput", "profiler"]
+    checks = ["ema", "swa", "throughput", "profiler"]
     if HAVE["mlflow"] and HAVE["wandb"]:
         checks.append("tracking")
     if HAVE["optuna"]:
@@ -70,6 +70,31 @@ def hand_ema(epochs: int, decay: float, lr: float = 0.1, batch: int = 32, every:
         with torch.no_grad():
             losses.append(torch.nn.functional.cross_entropy(probe(x[:64]), y[:64]).item())
     return averaged, losses
+
+
+def hand_swa(epochs: int, swa_lr: float, start_epoch: int, annealing_epochs: int, lr: float = 0.1) -> dict:
+    """Plain PyTorch: SGD on 32 samples per step, no shuffling; from `start_epoch` SWALR (cos) and the equal average
+    of the weights at the end of each epoch."""
+    from torch.optim.swa_utils import SWALR
+    x, y = make_data()
+    net = make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    averaged, count, scheduler = None, 0, None
+    for epoch in range(epochs):
+        if epoch >= start_epoch and scheduler is None:
+            scheduler = SWALR(optimizer, swa_lr=swa_lr, anneal_epochs=annealing_epochs)
+        for start in range(0, len(x), 32):
+            loss = torch.nn.functional.cross_entropy(net(x[start:start + 32]), y[start:start + 32])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if epoch >= start_epoch:
+            current = {key: value.detach().clone() for key, value in net.state_dict().items()}
+            averaged = current if averaged is None else \
+                {key: averaged[key] + (current[key] - averaged[key]) / (count + 1) for key in current}
+            count += 1
+            scheduler.step()
+    return averaged
 
 
 def max_difference(actual: dict, expected: dict) -> float:

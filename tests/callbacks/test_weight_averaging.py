@@ -1,13 +1,13 @@
-"""EMA and SWA against the same averages computed by hand on plain PyTorch (within 1e-6), in one process, under ddp
-and under fsdp on 2 CPU processes: validation runs the averages, the net holds them after the fit, checkpoints
-(loaded as data) hold both sets and a resume continues exactly."""
+"""EMA and SWA against the same averages computed by hand on plain PyTorch (within 1e-6), in one process and on 2 CPU
+processes (EMA under ddp, fsdp and DeepSpeed ZeRO-3; SWA under ddp): validation runs the averages, the net holds
+them after the fit, checkpoints (loaded as data) hold both sets and a resume continues exactly."""
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
 import torch
-from around_helpers import hand_ema, make_data, make_net, max_difference, run_around
+from around_helpers import hand_ema, hand_swa, make_data, make_net, max_difference, run_around
 from torch import nn
 from torch.optim.swa_utils import SWALR, update_bn
 
@@ -158,3 +158,10 @@ def test_ema_under_fsdp_averages_each_shard_and_hands_back_the_full_average(tmp_
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install easyfit[deepspeed]")
 def test_ema_under_deepspeed_zero3_averages_each_ranks_fp32_partition(tmp_path):
     check_averaged_run(run_around(tmp_path, "deepspeed_stage_3", ["ema"])["ema"])
+
+
+@pytest.mark.timeout(600)
+def test_swa_under_ddp_on_two_processes(ddp_around):
+    expected = hand_swa(epochs=3, swa_lr=0.02, start_epoch=1, annealing_epochs=1)
+    for result in ddp_around["swa"]:
+        assert max_difference(result["averaged"], expected) <= 1e-6

@@ -4,6 +4,7 @@ is what costs time).
 Usage: python around.py OUT_DIR STRATEGY CHECK[,CHECK...]
 CHECK is one of:
   ema         EMA(0.9), SGD, 3 epochs with validation and a checkpoint per epoch; then a resume from epoch 2
+  swa         SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1), SGD, 3 epochs
   optuna      an in-memory study (MedianPruner) of 3 trials whose third is bad; every fit on STRATEGY
   throughput  ThroughputMonitor(peak_flops=1e12), 2 epochs
   profiler    Profiler(wait=1, warmup=1, active=2) writing OUT_DIR/profile
@@ -20,6 +21,7 @@ import torch
 import easyfit
 from easyfit.callbacks import (
     EMA,
+    SWA,
     Callback,
     MLflowLogger,
     ModelCheckpoint,
@@ -59,6 +61,12 @@ def ema(strategy: str, out: str) -> dict:
     fit(resumed, strategy, 3, [EMA(DECAY)], resume_from=pattern.format(epoch=2))
     return {"averaged": plain(model.net.state_dict()), "history": history.history,
             "checkpoint": pattern.format(epoch=2), "resumed": plain(resumed.net.state_dict())}
+
+
+def swa(strategy: str, out: str) -> dict:
+    model = model_for()
+    fit(model, strategy, 3, [SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1)])
+    return {"averaged": plain(model.net.state_dict())}
 
 
 def optuna_search(strategy: str, out: str) -> dict:
@@ -124,8 +132,8 @@ def restart(strategy: str, out: str) -> dict:
             "averaged": plain(model.net.state_dict())}
 
 
-CHECKS = {"ema": ema, "optuna": optuna_search, "throughput": throughput, "profiler": profiler, "tracking": tracking,
-          "restart": restart}
+CHECKS = {"ema": ema, "swa": swa, "optuna": optuna_search, "throughput": throughput, "profiler": profiler,
+          "tracking": tracking, "restart": restart}
 
 
 def main() -> None:
