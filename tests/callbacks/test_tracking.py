@@ -14,7 +14,7 @@ from around_helpers import (
     max_difference,
     run_around,
 )
-from wandb_files import offline_runs, read_run
+from wandb_files import logged_run, offline_runs
 
 import easyfit
 from easyfit.callbacks import MLflowLogger, ModelCheckpoint, WandbLogger
@@ -105,7 +105,7 @@ def test_wandb_offline_logs_the_same_content_and_a_resume_continues_the_run(tmp_
     fit([first, ModelCheckpoint(pattern, monitor="loss")], epochs=2)
     resumed = WandbLogger(project="tiny", save_dir=tmp_path, mode="offline", log_every_n_steps=2)
     model = fit([resumed], epochs=4, resume_from=pattern.format(epoch=2))
-    run = read_run(offline_runs(tmp_path))
+    run = logged_run(tmp_path, epochs=4)
     assert run["ids"] == {first.run_id} == {resumed.run_id}
     epochs = [row for row in run["history"] if "loss" in row]
     assert [row["epoch"] for row in epochs] == [0, 1, 2, 3]
@@ -140,7 +140,7 @@ def test_ddp_logs_once_from_rank_zero(ddp_around):
     assert runs[0].data.params["world_size"] == "2" and runs[0].data.params["effective_batch_size"] == "32"
     assert logged(client, rank0["run_ids"][0], "val_loss") == [(epoch, pytest.approx(value)) for epoch, value
                                                               in enumerate(rank0["history"]["val_loss"])]
-    run = read_run(offline_runs(out))
+    run = logged_run(out, epochs=3)
     assert run["ids"] == {rank0["run_ids"][1]}
     assert [row["loss"] for row in run["history"] if "loss" in row] == pytest.approx(rank1["history"]["loss"])
 
@@ -161,7 +161,7 @@ def test_an_automatic_restart_continues_the_same_runs_and_the_average(tmp_path):
     assert logged(client, run_id, "loss") == [(epoch, pytest.approx(value)) for epoch, value
                                               in enumerate(outcome["history"]["loss"])]
     assert [step for step, _ in logged(client, run_id, "batch_loss")] == [2, 4, 6, 8, 10, 12]
-    run = read_run(offline_runs(tmp_path))
+    run = logged_run(tmp_path, epochs=3)
     assert run["ids"] == {outcome["run_ids"][1]} and len(offline_runs(tmp_path)) == 2
     assert [row["epoch"] for row in run["history"] if "loss" in row] == [0, 1, 2]
     assert max_difference(outcome["averaged"], hand_ema(3, 0.9)[0]) <= 1e-6

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 
 HEADER = 7   # ":W&B", magic 0xBEE1, version
 BLOCK = 32768
@@ -44,7 +45,19 @@ def records(path: str) -> list:
 
 def offline_runs(wandb_dir) -> list[str]:
     """The transaction logs of the offline runs under `wandb_dir`, oldest first."""
-    return sorted(glob.glob(os.path.join(os.fspath(wandb_dir), "wandb", "offline-run-*", "run-*.wandb")))
+    return sorted(glob.glob(os.path.join(os.fspath(wandb_dir), "wandb", "offline-run-*", "run-*.wandb")),
+                  key=os.path.getmtime)
+
+
+def logged_run(wandb_dir, epochs: int, timeout: float = 60.0) -> dict:
+    """`read_run` of every offline run under `wandb_dir` once they hold `epochs` epoch rows: `run.finish()` may
+    return before wandb's service has flushed the last records to the file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = read_run(offline_runs(wandb_dir))
+        if sum("loss" in row for row in run["history"]) >= epochs or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
 
 
 def read_run(paths: list[str]) -> dict:
