@@ -1,7 +1,7 @@
 """EMA's own per-step cost on W2 (MLP 784-1024-1024-10, Adam, batch 128, 1 torch thread): the CPU time of its
 batch hook (the one fused `torch._foreach_lerp_` over the weights, and the call) against the rest of the step, in
-one long fit, against a bar of 3 %. Interleaved epoch ratios (benchmarks/overhead.py --only "W2 + EMA") scatter by more than this cost on
-a shared machine; this times the update itself.
+one long fit, against a bar of 3 %. Interleaved epoch ratios (benchmarks/overhead.py --only "W2 + EMA") scatter by
+more than this cost on a shared machine; this times the update itself.
 
     python benchmarks/ema_cost.py [--epochs 60]
 """
