@@ -10,8 +10,12 @@ EXTRAS = {
     "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
     "plot": ["matplotlib>=3.5"],
     "tensorboard": ["tensorboard>=2.10"],
+    "mlflow": ["mlflow>=3.0"],
+    "wandb": ["wandb>=0.19"],
+    "optuna": ["optuna>=4.0"],
     "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5", "tensorboard>=2.10",
-            "nbclient>=0.7", "ipykernel>=6", "nbformat>=5"],   # nbclient and ipykernel run the course notebooks
+            "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
+            "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0"],   # the callbacks around the fit, tested for real
 }
 
 setup(

@@ -16,6 +16,8 @@ Workloads and bars (easyfit / hand-written):
   W1 compiled, auto  W1 with fit(compile=True): "auto" runs 8 steps per program                 <= 0.33 (3x faster)
   W2 compute-bound   MLP 784-1024-1024-10, batch 128, Adam                <= 1.01
   W2 compiled        the same with fit(compile=True) (inductor)           <= 0.80 (at least 1.25x faster)
+  W2 + EMA           W2 with callbacks=[EMA(0.999)] / W2 without it        reported (the "hand" column: easyfit
+                     alone; benchmarks/ema_cost.py times EMA's update itself against its 3 % bar)
 
 With jax installed, benchmarks/jax_reference.py times W1 written by hand in JAX + optax (a jitted step in a Python
 loop, and the whole epoch in one lax.scan) in the same run, and the table gives each W1 row's ratio to the scan.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -58,6 +61,8 @@ class Workload:
     compile: bool = False   # easyfit's side with fit(compile=True); the hand-written loop stays eager
     steps_per_execution: int | str = "auto"
     one_fit: bool = False   # easyfit's epochs are those of one fit call (see `measure_in_one_fit`)
+    #: easyfit's side with these callbacks, against easyfit without them (instead of the hand-written loop)
+    callbacks: Callable[[], list] | None = None
 
     @property
     def steps(self) -> int:
@@ -85,7 +90,13 @@ def workloads() -> list[Workload]:
         Workload("W2 compute-bound", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=1.01),
         Workload("W2 compiled", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=0.8, compile=True,
                  one_fit=True),
+        Workload("W2 + EMA", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=None, callbacks=ema),
     ]
+
+
+def ema() -> list:
+    from easyfit.callbacks import EMA
+    return [EMA(decay=0.999)]
 
 
 def mlp(sizes: tuple[int, ...]) -> nn.Module:
@@ -145,8 +156,9 @@ class EasyfitRun:
         timer = EpochTimer(self.clock)
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
             started = self.clock()
+            extra = self.work.callbacks() if self.work.callbacks is not None else []
             self.model.fit(self.x, self.y, epochs=1, batch_size=self.work.batch_size, verbose=self.work.verbose,
-                           callbacks=[timer], lr_scaling=None, compile=self.work.compile,
+                           callbacks=[timer, *extra], lr_scaling=None, compile=self.work.compile,
                            steps_per_execution=self.work.steps_per_execution)
             self.setup_seconds.append(self.clock() - started - timer.seconds)
         return timer.seconds
@@ -209,7 +221,9 @@ def measure(work: Workload, rounds: int, clock: Callable[[], float]) -> Result:
     y = torch.randint(0, work.sizes[-1], (work.samples,))
     hand_net, easy_net = mlp(work.sizes), mlp(work.sizes)
     easy_net.load_state_dict(hand_net.state_dict())
-    hand, easy = HandWritten(hand_net, work, x, y, clock), EasyfitRun(easy_net, work, x, y, clock)
+    hand = HandWritten(hand_net, work, x, y, clock) if work.callbacks is None else \
+        EasyfitRun(hand_net, dataclasses.replace(work, callbacks=None), x, y, clock)   # easyfit without them
+    easy = EasyfitRun(easy_net, work, x, y, clock)
     if work.one_fit:
         hand_times, easy_times, setup = measure_in_one_fit(work, hand, easy, rounds, clock)
         return Result(work, statistics.median(hand_times) / work.steps, statistics.median(easy_times) / work.steps,

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from easyfit.callbacks.base import CallbackList, callback_list
+from easyfit.callbacks.base import CallbackList, callback_list, fit_returned
 from easyfit.callbacks.history import History
 from easyfit.data.results import is_numpy_input, prediction_result, scores_result
 from easyfit.distributed.connector import connect
@@ -41,7 +41,6 @@ from easyfit.utils.tensors import sample_count
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
-
 
 #: what a call runs on each rank, by the call's name
 CALLS = {**IN_PROCESS_CALLS, "find_batch_size": search_in_process}
@@ -145,6 +144,7 @@ class Model:
         options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
         history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
+        fit_returned(options.callbacks)   # outside every launcher: e.g. OptunaPruning raises TrialPruned here
         return history
 
     @run_options_documented

@@ -66,3 +66,16 @@ def test_custom_strategy_example_matches_plain_pytorch():
     match = re.search(r"max weight difference from plain PyTorch: ([0-9.e+-]+)", output)
     assert match, output
     assert float(match.group(1)) <= 1e-6
+
+
+@pytest.mark.timeout(300)
+def test_tracked_search_prunes_tracks_and_averages(tmp_path):
+    """examples/tracked_search.py: every trial has its MLflow run, the bad trial is pruned after one epoch, and the
+    best settings reach a sound test accuracy with the EMA weights."""
+    for name in ("mlflow", "optuna", "sklearn"):
+        pytest.importorskip(name)
+    output = run_example("tracked_search.py", "--out", str(tmp_path), timeout=280)
+    assert "trial 2: lr 1e-05, hidden 32: pruned after epoch 1" in output
+    match = re.search(r"pruned (\d+) of 6 trials; MLflow holds 6 runs", output)
+    assert match and int(match.group(1)) >= 1, output
+    assert printed_accuracy(output) > 0.9

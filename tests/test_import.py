@@ -11,7 +11,7 @@ import sys
 import pytest
 
 OPTIONAL = ("deepspeed", "fairscale", "horovod", "bagua", "torch_xla", "matplotlib", "sklearn", "pandas", "scipy",
-            "tensorboard")
+            "tensorboard", "mlflow", "wandb", "optuna")
 TIMED_IMPORT = f"""
 import json, sys, time
 start = time.perf_counter()

@@ -10,6 +10,7 @@ HOOKS = (
     "on_train_batch_begin", "on_train_batch_end",
     "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
     "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
+    "on_checkpoint_saved",
 )
 
 
@@ -24,9 +25,15 @@ class Callback:
     params: dict = {}
     #: run this callback's hooks after all the others' (ModelCheckpoint: its checkpoints then hold their state)
     runs_last: bool = False
+    #: run this callback's hooks before all the others' (ThroughputMonitor: the values it adds to an epoch's logs
+    #: then reach the History, the display and the loggers)
+    runs_first: bool = False
     #: whether a batch hook may set `model.stop_training`: then, on several processes, the ranks agree after each
     #: step whether to stop (one tiny collective per step); a callback that never stops training says False
     may_stop_training: bool = True
+    #: its batch hooks must run after every optimizer step (EMA averages each one): a fit that runs several steps
+    #: per compiled call (`steps_per_execution` > 1) is refused rather than averaged every N-th step
+    needs_every_step: bool = False
 
     @property
     def needs_every_batch(self) -> bool:
@@ -69,12 +76,20 @@ class Callback:
     def on_predict_batch_begin(self, batch, logs=None): pass
     def on_predict_batch_end(self, batch, logs=None): pass
 
+    def on_checkpoint_saved(self, path):
+        """ModelCheckpoint wrote a checkpoint (a file, or a sharded checkpoint's folder) to `path`, on every rank."""
+
+    def on_fit_returned(self):
+        """In the process that called fit, once fit has returned: after a spawned rank 0's state and attributes came
+        back, outside every launcher and restart. A callback raises an outcome to the caller here (OptunaPruning)."""
+
 
 class CallbackList:
     """Calls each hook on the callbacks that override it, in order; a hook nobody overrides costs one check."""
 
     def __init__(self, callbacks, model, params: dict):
-        self.callbacks = sorted(callbacks, key=lambda callback: getattr(callback, "runs_last", False))
+        self.callbacks = sorted(callbacks, key=lambda callback: getattr(callback, "runs_last", False)
+                                - getattr(callback, "runs_first", False))
         for callback in self.callbacks:
             callback.set_model(model)
             callback.set_params(params)
@@ -114,6 +129,12 @@ class CallbackList:
             warnings.warn(f"resuming: no callback of this fit takes the saved state of {', '.join(unclaimed)}; "
                           "that state is dropped. Pass the same callbacks (same kind, monitor and filepath) to "
                           "continue them.", RuntimeWarning, stacklevel=3)
+
+
+def fit_returned(callbacks: list) -> None:
+    """Tell the user's callbacks, in their order, that fit returned in this process."""
+    for callback in callbacks:
+        callback.on_fit_returned()
 
 
 #: hooks that also run a callback's override of an older name for them

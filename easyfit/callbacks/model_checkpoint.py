@@ -98,6 +98,7 @@ class ModelCheckpoint(Callback):
             self.model.save_weights(path)
         else:
             self.model.save(path)
+        self.model._callbacks.call("on_checkpoint_saved", path)   # e.g. a tracking logger uploads it
 
     def _decide(self, epoch: int, batch: int | None, logs) -> tuple[str | None, float | None]:
         """(path to write or None, new best value or None)."""

@@ -10,8 +10,9 @@ import torch
 
 from easyfit.utils.tensors import map_tensors
 
-#: attributes that belong to the caller's own objects, never replaced by rank 0's copies
-CALLER_OWNED = ("model", "params")
+#: attributes that belong to the caller's own objects, never replaced by rank 0's copies (an Optuna trial: the
+#: caller's is the one that talks to its study)
+CALLER_OWNED = ("model", "params", "trial")
 
 
 def callback_attributes(callbacks: list) -> list[dict]:

@@ -228,7 +228,8 @@ def check_compile(value: Any, strategy, options=None) -> None:
     """Raise before any work when `compile` is malformed, the strategy cannot compile its step, or fit's `options`
     accumulate gradients under CUDA graphs."""
     settings = compile_settings(value)
-    check_steps_per_execution(getattr(options, "steps_per_execution", "auto"), settings is not None)
+    check_steps_per_execution(getattr(options, "steps_per_execution", "auto"), settings is not None,
+                              getattr(options, "callbacks", None) or ())
     if settings is None:
         return
     if not strategy.supports_compile:

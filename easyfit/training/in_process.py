@@ -50,7 +50,7 @@ def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History
                                 options.steps_per_execution)
     strategy.configure_training(settings)
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
-    objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler))
+    objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)
     # from here until the fit ends, Model and the callbacks use what the strategy returned
     model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
     model.loss_fn = weighted_loss   # the loop computes this fit's loss (weighted when weights were given)
@@ -129,7 +129,7 @@ def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multip
         "validation": options.validation_data is not None or bool(options.validation_split),
         "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
         "effective_batch_size": options.batch_size * strategy.batch_factor,
-        "steps_per_epoch": steps_per_epoch,
+        "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
         "strategy": strategy.name, "precision": model._precision.name,
         "summary": describe(options.batch_size, strategy, options.lr_scaling, optimizer, multiplier),

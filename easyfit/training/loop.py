@@ -40,6 +40,7 @@ class TrainingObjects:
     net: torch.nn.Module
     optimizer: Any = None
     scheduler: Any = None
+    train_batches: Any = None   # the fit's training batches (SWA's BatchNorm pass reads them)
 
 
 @dataclass
@@ -246,14 +247,15 @@ class Loop:
     @torch.no_grad()
     def evaluate(self, batches) -> dict[str, float]:
         """Loss and metrics over every sample exactly once, summed over all processes."""
-        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
+        precision, callbacks = self.precision, self.callbacks
         metrics, forward_loss = self.metrics, self.steps.step("evaluate")
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = self._loss_tracker()
         first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, self.loss_fn, None)
+        callbacks.call("on_test_begin", None)   # before the module is made: a callback may swap the weights (EMA)
+        net = self.strategy.module_for_eval(self.net)
         with _eval_mode(net):
-            callbacks.call("on_test_begin", None)
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
                 if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
                     with precision.autocast():
@@ -285,11 +287,12 @@ class Loop:
     @torch.no_grad()
     def predict(self, batches) -> list:
         """This process's outputs, batch by batch, moved to the CPU."""
-        net, precision, callbacks = self.strategy.module_for_eval(self.net), self.precision, self.callbacks
+        precision, callbacks = self.precision, self.callbacks
+        callbacks.call("on_predict_begin", None)   # before the module is made, as on_test_begin
+        net = self.strategy.module_for_eval(self.net)
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         first_step, plain = getattr(batches, "first_step", None), _runner(forward, None, None)
         with _eval_mode(net):
-            callbacks.call("on_predict_begin", None)
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))

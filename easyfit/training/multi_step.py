@@ -28,14 +28,19 @@ AUTO_STEPS = 8
 SMALL_STEP = 1 << 24
 
 
-def check_steps_per_execution(value, compiling: bool) -> None:
-    """A positive integer or "auto"; more than one step per call needs `compile=`."""
+def check_steps_per_execution(value, compiling: bool, callbacks=()) -> None:
+    """A positive integer or "auto"; more than one step per call needs `compile=` and no callback that must see
+    every optimizer step."""
     if value == "auto":
         return
     check_positive_int(value, "steps_per_execution", 'a positive integer or "auto"')
     if value > 1 and not compiling:
         raise ValueError(f"steps_per_execution={value} runs {value} steps as one compiled program, which needs "
                          "compile=True (or a torch.compile mode); pass compile=True, or steps_per_execution=1")
+    every_step = [type(callback).__name__ for callback in callbacks if callback.needs_every_step]
+    if value > 1 and every_step:
+        raise ValueError(f"{', '.join(every_step)} must see every optimizer step, but steps_per_execution={value} "
+                         f"shows the batch hooks every {value}-th step only; pass steps_per_execution=1 or \"auto\"")
 
 
 def steps_per_call(value, callbacks, net: torch.nn.Module, batch_size: int, accumulate: int) -> int:

@@ -178,6 +178,14 @@ class Strategy:
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)
 
+    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+        """This rank's part of each parameter of the training net (what its optimizer steps), in `parameters()`
+        order, and with `buffers` of each floating buffer: tensors that share the weights' memory (weight averaging
+        updates and swaps them in place). Here the whole parameters."""
+        module = unwrap(net)
+        tensors = [param.detach() for param in module.parameters()]
+        return tensors + ([b for b in module.buffers() if b.is_floating_point()] if buffers else [])
+
     def save_checkpoint(self, path: str, state: dict) -> None:
         """Write `state` atomically. Only global rank 0 writes the one file; the other ranks return at once."""
         if self.is_global_zero:

@@ -258,6 +258,15 @@ class DeepSpeedStrategy(DDPStrategy):
             return super().module_state(net)
         return {} if self.state_dict_type == "sharded" else self.full_state.module_state()
 
+    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+        """The fp32 weights the engine's optimizer steps (which its state and evaluation copy are read from), this
+        rank's part of each parameter: its ZeRO-3 partition, or under stages 1 and 2 its fragment of the flat
+        partition (an empty view where this rank holds none of it)."""
+        if net is not self.engine:
+            return super().local_tensors(net, buffers)
+        own = [_local_fp32(param) for param in net.module.parameters()]
+        return own + super().local_tensors(net.module, buffers)[len(own):]
+
     def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
         if net is not self.engine:
             return super().load_module_state(net, state)
@@ -299,3 +308,11 @@ class DeepSpeedStrategy(DDPStrategy):
                 if key not in ("param_names", "param_groups")}
         return {**rest, "net": {}, "optimizer": {}}
 
+
+def _local_fp32(param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's part of the fp32 master copy of `param` (a view the optimizer steps)."""
+    if hasattr(param, "ds_id"):
+        from deepspeed.utils import safe_get_local_fp32_param
+        return safe_get_local_fp32_param(param).detach()
+    mapping = getattr(param, "_hp_mapping", None)
+    return mapping.get_hp_fragment().detach() if mapping is not None else param.detach().flatten()[:0]

@@ -194,6 +194,11 @@ class FSDPStrategy(DDPStrategy):
     def _full_module_state(net: torch.nn.Module) -> dict:
         return {key: full_tensor(value) for key, value in net.state_dict().items()}
 
+    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+        """Each parameter's shard on this rank (its DTensor's local tensor); buffers are whole on every rank."""
+        return [tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                for tensor in super().local_tensors(net, buffers)]
+
     def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
         if not isinstance(net, FSDPModule):
             return super().load_module_state(net, state)
