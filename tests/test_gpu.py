@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_net
+from nets import tiny_net
 
 import easyfit
 

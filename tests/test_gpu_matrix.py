@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_net
+from nets import tiny_net
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import easyfit
