@@ -5,15 +5,13 @@ tensor factory call, and the meta device standing in for "a device that is not t
 from __future__ import annotations
 
 import ast
-import pathlib
 
 import pytest
 import torch
+from code_scan import calls_in_easyfit
 
-import easyfit
 from easyfit.training.loop import LossTracker
 
-PACKAGE = pathlib.Path(easyfit.__file__).parent
 FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "eye", "linspace",
              "rand", "randn", "randint", "randperm", "scalar_tensor"}
 
@@ -32,34 +30,16 @@ HOST_TENSORS = {
 }
 
 
-class FactoryCalls(ast.NodeVisitor):
-    """Collects (enclosing function, line) of each `torch.<factory>(...)` call that names no device."""
-
-    def __init__(self):
-        self.functions: list[str] = []
-        self.found: list[tuple[str, int]] = []
-
-    def visit_FunctionDef(self, node):
-        self.functions.append(node.name)
-        self.generic_visit(node)
-        self.functions.pop()
-
-    def visit_Call(self, node):
-        call = node.func
-        if (isinstance(call, ast.Attribute) and call.attr in FACTORIES and isinstance(call.value, ast.Name)
-                and call.value.id == "torch" and not any(keyword.arg == "device" for keyword in node.keywords)):
-            self.found.append((self.functions[-1] if self.functions else "", node.lineno))
-        self.generic_visit(node)
+def names_no_device(call: ast.Call) -> bool:
+    """A `torch.<factory>(...)` call without `device=`."""
+    function = call.func
+    return (isinstance(function, ast.Attribute) and function.attr in FACTORIES and isinstance(function.value, ast.Name)
+            and function.value.id == "torch" and not any(keyword.arg == "device" for keyword in call.keywords))
 
 
 def factory_calls_without_a_device() -> list[tuple[str, str, int]]:
     """(module, enclosing function, line) of each `torch.<factory>(...)` call in easyfit that names no device."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        calls = FactoryCalls()
-        calls.visit(ast.parse(path.read_text(), str(path)))
-        found += [(path.relative_to(PACKAGE).as_posix(), function, line) for function, line in calls.found]
-    return found
+    return calls_in_easyfit(names_no_device)
 
 
 def test_every_tensor_easyfit_creates_names_its_device_or_is_a_host_tensor_by_design():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import itertools
 import os
-import pathlib
 import stat
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from code_scan import calls_in_easyfit
 from torch import nn
 
 import easyfit
@@ -317,37 +317,20 @@ OWN_PICKLES = {
 }
 
 
-class UnpicklingCalls(ast.NodeVisitor):
-    """The innermost enclosing function of each pickle.load(s) and torch.load(..., weights_only=False) call."""
-
-    def __init__(self):
-        self.functions, self.found = [""], set()
-
-    def visit_FunctionDef(self, node):
-        self.functions.append(node.name)
-        self.generic_visit(node)
-        self.functions.pop()
-
-    def visit_Call(self, node):
-        call = node.func
-        if isinstance(call, ast.Attribute) and isinstance(call.value, ast.Name):
-            unsafe = any(keyword.arg == "weights_only" and isinstance(keyword.value, ast.Constant)
-                         and keyword.value.value is False for keyword in node.keywords)
-            if (call.value.id, call.attr) in (("pickle", "load"), ("pickle", "loads")) or (
-                    (call.value.id, call.attr) == ("torch", "load") and unsafe):
-                self.found.add(self.functions[-1])
-        self.generic_visit(node)
+def unpickles(call: ast.Call) -> bool:
+    """A pickle.load(s) call, or torch.load(..., weights_only=False)."""
+    function = call.func
+    if not (isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name)):
+        return False
+    name = (function.value.id, function.attr)
+    unsafe = any(keyword.arg == "weights_only" and isinstance(keyword.value, ast.Constant)
+                 and keyword.value.value is False for keyword in call.keywords)
+    return name in (("pickle", "load"), ("pickle", "loads")) or (name == ("torch", "load") and unsafe)
 
 
 def _unpickling_calls() -> set[tuple[str, str]]:
     """(module, enclosing function) of every call in easyfit that unpickles whatever a file holds."""
-    package = pathlib.Path(easyfit.__file__).parent
-    found = set()
-    for path in package.rglob("*.py"):
-        calls = UnpicklingCalls()
-        calls.visit(ast.parse(path.read_text(encoding="utf-8")))
-        found |= {(path.relative_to(package).as_posix(), function) for function in calls.found}
-    return found
+    return {(module, function) for module, function, _ in calls_in_easyfit(unpickles)}
 
 
 def test_only_the_launchers_own_exchanges_unpickle():
