@@ -9,6 +9,10 @@ import os
 
 from easyfit.callbacks.tracking import TrackingLogger
 
+#: the runs this process opened and has not finished, by id: a restarted attempt's callback is put back as it was
+#: before the first attempt, so it no longer holds the run its failed attempt left open
+OPEN_RUNS: dict = {}
+
 
 class WandbLogger(TrackingLogger):
     """Log to a W&B run from global rank 0: the config (the fit's settings), every History value per epoch (against
@@ -42,12 +46,15 @@ class WandbLogger(TrackingLogger):
 
     def _open(self, run_id: str | None) -> str:
         import wandb
+        if run_id in OPEN_RUNS:   # a failed attempt in this process left it open: a restart continues it
+            OPEN_RUNS.pop(run_id).finish()
         self.run = wandb.init(**self.init_arguments, id=run_id, resume="allow" if run_id else None,
                               reinit="create_new")
         self.run.define_metric("epoch")
         self.run.define_metric(self.STEP_KEY)
         self.run.define_metric("*", step_metric="epoch")
         self.run.define_metric("batch_loss", step_metric=self.STEP_KEY)
+        OPEN_RUNS[self.run.id] = self.run
         return self.run.id
 
     def _log_params(self, params: dict) -> None:
@@ -69,5 +76,6 @@ class WandbLogger(TrackingLogger):
         self.run.log_artifact(artifact)
 
     def _close(self) -> None:
+        OPEN_RUNS.pop(self.run.id, None)
         self.run.finish()
         self.run = None

@@ -60,7 +60,7 @@ def main() -> None:
     else:
         model.fit(x, y, epochs=args.epochs, callbacks=[snapshots], **fit)
     torch.save({"state": model.net.state_dict(), "snapshots": snapshots.parameters,
-                "history": model.history.history}, os.path.join(args.out, f"rank-{model.global_rank}.pt"))
+                "history": dict(model.history.history)}, os.path.join(args.out, f"rank-{model.global_rank}.pt"))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def main() -> None:
         torch.save(model.net.state_dict(), os.path.join(args.out, f"rank-{rank}.pt"))
     if model.is_global_zero:
         model.save(os.path.join(args.out, "checkpoint.pt"))
-        torch.save({"state": model.net.state_dict(), "history": model.history.history, "scores": scores,
+        torch.save({"state": model.net.state_dict(), "history": dict(model.history.history), "scores": scores,
                     "predictions": predictions, "params": model.history.params,
                     "optimizer": model.optimizer.state_dict(), "lr_after": model.optimizer.param_groups[0]["lr"]},
                    os.path.join(args.out, "result.pt"))
