@@ -148,7 +148,7 @@ def load_checkpoint_file(path: str | os.PathLike, map_location=None, trusted: bo
     if os.path.isdir(path):
         raise ValueError(f"{path!r} is a directory, e.g. a sharded checkpoint (state_dict_type='sharded'): resume it "
                          "with fit(resume_from=...) under the strategy that wrote it, or turn it into one file: "
-                         f"python -m easyfit.saving.convert {path} checkpoint.pt")
+                         f"python -m easyfit.checkpoint_convert {path} checkpoint.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; check the path "
                                 "(ModelCheckpoint and model.save write the files easyfit can resume from)")

@@ -10,7 +10,7 @@ Two formats are read:
   zero_to_fp32 utilities, and the optimizer state (e.g. Adam's moments) merged the same way.
 Every file is read as data (saving/backend_folders.py), unless `trusted`.
 
-Usage: python -m easyfit.saving.convert SOURCE DESTINATION_FILE [--trusted]
+Usage: python -m easyfit.checkpoint_convert SOURCE DESTINATION_FILE [--trusted]
 """
 from __future__ import annotations
 

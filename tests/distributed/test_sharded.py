@@ -131,11 +131,11 @@ def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_
 
 
 def test_the_conversion_command_writes_one_file_and_refuses_other_directories(tmp_path):
-    process = subprocess.run([sys.executable, "-m", "easyfit.saving.convert", str(tmp_path), str(tmp_path / "x")],
+    process = subprocess.run([sys.executable, "-m", "easyfit.checkpoint_convert", str(tmp_path), str(tmp_path / "x")],
                              capture_output=True, text=True, timeout=120)
     assert process.returncode != 0 and "is not a sharded easyfit checkpoint" in process.stderr
     assert not (tmp_path / "x").exists()
-    with pytest.raises(ValueError, match=r"is a directory.*python -m easyfit.saving.convert"):
+    with pytest.raises(ValueError, match=r"is a directory.*python -m easyfit.checkpoint_convert"):
         easyfit.Model.load(tmp_path, net=make_net())
 
 
@@ -282,7 +282,7 @@ def test_a_sharded_directory_outside_a_sharded_fit_says_how_to_resume_or_convert
     from easyfit.strategies import FSDP, DeepSpeed
     for strategy, words in ((FSDP(), "under strategy='fsdp'"), (DeepSpeed(stage=3), "on as many processes")):
         with pytest.raises(ValueError, match=rf"is a .* checkpoint directory: resume it with fit\(resume_from=...\) "
-                                             rf".*{words}.*python -m easyfit.saving.convert"):
+                                             rf".*{words}.*python -m easyfit.checkpoint_convert"):
             strategy.load_checkpoint(str(tmp_path))
 
 

@@ -103,7 +103,7 @@ def without_weights(state: dict) -> dict:
 def directory_outside_fit(path: str, kind: str, resume_under: str) -> ValueError:
     """The error for a sharded checkpoint directory read where no sharded fit can take it."""
     return ValueError(f"{path!r} is a {kind} checkpoint directory: resume it with fit(resume_from=...) under "
-                      f"{resume_under}, or turn it into one file: python -m easyfit.saving.convert {path} "
+                      f"{resume_under}, or turn it into one file: python -m easyfit.checkpoint_convert {path} "
                       "checkpoint.pt")
 
 
