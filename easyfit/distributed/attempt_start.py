@@ -17,7 +17,7 @@ import torch
 
 from easyfit.distributed.hand_back import callback_attributes, restore_callback_attributes
 from easyfit.distributed.strategy_parts.construction import built_sharded
-from easyfit.utils.tensors import map_tensors
+from easyfit.utils.tensors import on_cpu
 
 
 class AttemptStart:
@@ -29,7 +29,7 @@ class AttemptStart:
     def __init__(self, model, callbacks: list):
         self.model, self.callbacks = model, list(callbacks)
         state = model.checkpoint_state() if built_sharded(model.net) is None else None
-        self.state = copy.deepcopy(map_tensors(lambda tensor: tensor.detach().cpu(), state))
+        self.state = copy.deepcopy(on_cpu(state))
         self.rng = torch.get_rng_state()
         self.metrics = copy.deepcopy(model.metrics)
         self.attributes = pickle.dumps(callback_attributes(self.callbacks))

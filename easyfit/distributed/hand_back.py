@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from easyfit.utils.tensors import map_tensors
+from easyfit.utils.tensors import on_cpu
 
 #: attributes that belong to the caller's own objects, never replaced by rank 0's copies (an Optuna trial: the
 #: caller's is the one that talks to its study)
@@ -18,7 +18,7 @@ CALLER_OWNED = ("model", "params", "trial")
 def callback_attributes(callbacks: list) -> list[dict]:
     """Each callback's attributes that can travel (picklable; tensors moved to the CPU). Nets, optimizers and other
     objects whose identity matters stay the caller's."""
-    return [{name: map_tensors(lambda tensor: tensor.detach().cpu(), value)
+    return [{name: on_cpu(value)
              for name, value in vars(callback).items() if name not in CALLER_OWNED and _travels(value)}
             for callback in callbacks]
 

@@ -14,6 +14,7 @@ import io
 import torch
 
 from easyfit.parts.metrics import MetricSet, Task
+from easyfit.utils.tensors import on_cpu
 
 
 def gather(metrics: MetricSet, strategy) -> list[dict]:
@@ -33,7 +34,7 @@ def rank_state(metrics: MetricSet) -> dict:
     task = metrics.task
     return {"task": None if task is None else list(task),
             "metrics": {name: {"updates": int(metric._update_count),
-                               "states": {key: _on_cpu(value) for key, value in metric.metric_state.items()}}
+                               "states": {key: on_cpu(value) for key, value in metric.metric_state.items()}}
                         for name, metric in metrics.metrics.items() if _has_state(metric)}}
 
 
@@ -92,7 +93,3 @@ def _load(metric, saved: dict | None) -> None:
 def _has_state(metric) -> bool:
     """A torchmetrics Metric (its states can be read and set); a duck-typed metric's state is its own."""
     return hasattr(metric, "metric_state") and hasattr(metric, "_reductions")
-
-
-def _on_cpu(value):
-    return [tensor.detach().cpu() for tensor in value] if isinstance(value, list) else value.detach().cpu()

@@ -17,7 +17,7 @@ from easyfit.parts.metrics import MetricSet
 from easyfit.parts.precision import Precision
 from easyfit.training.lockstep import in_lockstep
 from easyfit.training.tracking import BatchLogs, LossTracker
-from easyfit.utils.tensors import map_tensors
+from easyfit.utils.tensors import on_cpu
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
 SYNC = contextlib.nullcontext()
@@ -301,7 +301,7 @@ class Loop:
                 if first_step is not None:
                     first_step = batches.first_step = None
                 if output is not None:   # None: this rank holds no outputs (see evaluation_step)
-                    outputs.append(_to_cpu(output))
+                    outputs.append(on_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
             callbacks.call("on_predict_end", None)
         return outputs
@@ -331,7 +331,3 @@ def _eval_mode(net: torch.nn.Module):
         yield
     finally:
         net.train(was_training)
-
-
-def _to_cpu(output):
-    return map_tensors(lambda tensor: tensor.detach().cpu(), output)

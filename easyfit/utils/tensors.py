@@ -17,6 +17,11 @@ def map_tensors(function: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     return obj
 
 
+def on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in it detached and on the CPU (a CPU tensor is the same storage, detached)."""
+    return map_tensors(lambda tensor: tensor.detach().cpu(), obj)
+
+
 def sample_count(x: Any) -> int:
     """Samples in in-memory data: the length of x, or of its first array for a multi-input list / tuple / dict."""
     if isinstance(x, dict) and x:

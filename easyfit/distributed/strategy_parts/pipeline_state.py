@@ -2,11 +2,7 @@
 as the plain nn.Sequential's, optimizer state keyed by the index of each parameter in the user's optimizer."""
 from __future__ import annotations
 
-from easyfit.utils.tensors import map_tensors
-
-
-def _on_cpu(obj):
-    return map_tensors(lambda tensor: tensor.detach().cpu(), obj)
+from easyfit.utils.tensors import on_cpu
 
 
 def merge_states(parts: list[dict], order: list[str]) -> dict:
@@ -17,7 +13,7 @@ def merge_states(parts: list[dict], order: list[str]) -> dict:
 
 def stage_optimizer_state(state: dict, global_index: list[int]) -> dict:
     """A stage optimizer's state dict, its entries keyed by their parameters' indices in the user's optimizer."""
-    return {"state": {global_index[local]: _on_cpu(entry) for local, entry in state["state"].items()},
+    return {"state": {global_index[local]: on_cpu(entry) for local, entry in state["state"].items()},
             "groups": [{key: value for key, value in group.items() if key != "params"}
                        for group in state["param_groups"]]}
 
