@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from easyfit.callbacks.base import Callback
-from easyfit.utils.checks import check_positive_int
+from easyfit.utils.checks import check_non_negative_int, check_positive_int
 
 
 class Profiler(Callback):
@@ -27,8 +27,7 @@ class Profiler(Callback):
                  row_limit: int = 15, record_shapes: bool = False, profile_memory: bool = False,
                  with_stack: bool = False):
         for name, value in (("wait", wait), ("warmup", warmup)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Profiler: {name} must be a number of steps >= 0, got {value!r}")
+            check_non_negative_int(value, f"Profiler: {name}", "a number of steps >= 0")
         check_positive_int(active, "Profiler: active")
         check_positive_int(row_limit, "Profiler: row_limit")
         self.wait, self.warmup, self.active, self.output = wait, warmup, active, os.fspath(output)

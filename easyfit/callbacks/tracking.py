@@ -13,6 +13,7 @@ from __future__ import annotations
 import numbers
 
 from easyfit.callbacks.base import Callback
+from easyfit.utils.checks import check_positive_int
 
 
 class TrackingLogger(Callback):
@@ -23,10 +24,9 @@ class TrackingLogger(Callback):
     STEP_KEY = "batch_step"
 
     def __init__(self, log_every_n_steps: int | None, log_checkpoints: bool):
-        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or
-                                              not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
-            raise ValueError(f"{type(self).__name__}: log_every_n_steps must be None (epochs only) or a positive "
-                             f"number of training batches, got {log_every_n_steps!r}")
+        if log_every_n_steps is not None:
+            check_positive_int(log_every_n_steps, f"{type(self).__name__}: log_every_n_steps",
+                               "None (epochs only) or a positive number of training batches")
         self.log_every_n_steps, self.log_checkpoints = log_every_n_steps, bool(log_checkpoints)
         self.run_id: str | None = None
         self.logged_epochs = 0   # the run holds epochs 0 .. logged_epochs - 1

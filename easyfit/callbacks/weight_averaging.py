@@ -17,7 +17,7 @@ from torch.optim.swa_utils import SWALR, get_ema_multi_avg_fn, get_swa_multi_avg
 
 from easyfit.callbacks.base import Callback
 from easyfit.data.contents import split_batch
-from easyfit.utils.checks import check_positive_int, check_positive_number
+from easyfit.utils.checks import check_non_negative_int, check_positive_int, check_positive_number
 
 
 class WeightAveraging(Callback):
@@ -189,10 +189,8 @@ class SWA(WeightAveraging):
     def __init__(self, swa_lr: float, start_epoch: int = 0, annealing_epochs: int = 10,
                  annealing_strategy: str = "cos"):
         check_positive_number(swa_lr, "SWA: swa_lr")
-        if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
-            raise ValueError(f"SWA: start_epoch must be an epoch number >= 0, got {start_epoch!r}")
-        if isinstance(annealing_epochs, bool) or not isinstance(annealing_epochs, int) or annealing_epochs < 0:
-            raise ValueError(f"SWA: annealing_epochs must be a number of epochs >= 0, got {annealing_epochs!r}")
+        check_non_negative_int(start_epoch, "SWA: start_epoch", "an epoch number >= 0")
+        check_non_negative_int(annealing_epochs, "SWA: annealing_epochs", "a number of epochs >= 0")
         if annealing_strategy not in ("cos", "linear"):
             raise ValueError(f"SWA: annealing_strategy must be 'cos' or 'linear', got {annealing_strategy!r}")
         super().__init__(use_buffers=False)
