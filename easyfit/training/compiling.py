@@ -56,12 +56,17 @@ def forward_loss(net, loss_fn: Callable | None, inputs, target):
 def compile_arguments(settings: dict, extra: dict) -> dict:
     """torch.compile's keyword arguments from fit's settings, with `extra` inductor options (and a mode given as
     the options it stands for: torch.compile takes a mode or options, not both). With inductor, random layers
-    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly."""
+    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly, and CPU matrix products go to
+    oneDNN where it is faster here (easyfit.training.onednn_matmul)."""
     arguments = {key: value for key, value in settings.items() if key not in ("mode", "options")}
     options = {key: value for key, value in extra.items() if key == "guard_filter_fn"}
     if settings.get("backend", "inductor") == "inductor":
         from torch._inductor import list_mode_options
+
+        from easyfit.training import onednn_matmul
         options.update({**list_mode_options(settings.get("mode") or "default"), "fallback_random": True, **extra})
+        if onednn_matmul.available():
+            options["post_grad_custom_post_pass"] = onednn_matmul.OneDnnMatmuls()
     elif settings.get("mode") is not None:
         arguments["mode"] = settings["mode"]
     options.update(settings.get("options") or {})
