@@ -57,9 +57,10 @@ def onednn_is_faster(m: int, k: int, n: int, a_transposed: bool, b_transposed: b
 
 
 def _times_faster(m: int, k: int, n: int, a_transposed: bool, b_transposed: bool, bias: bool) -> float:
-    a = torch.randn(k, m).t() if a_transposed else torch.randn(m, k)
-    b = torch.randn(n, k).t() if b_transposed else torch.randn(k, n)
-    row = torch.randn(n) if bias else None
+    own = torch.Generator().manual_seed(0)   # the fit's random numbers are not drawn from
+    a = torch.randn(k, m, generator=own).t() if a_transposed else torch.randn(m, k, generator=own)
+    b = torch.randn(n, k, generator=own).t() if b_transposed else torch.randn(k, n, generator=own)
+    row = torch.randn(n, generator=own) if bias else None
     return _best_time(lambda: torch.addmm(row, a, b) if bias else torch.mm(a, b)) / \
         _best_time(lambda: onednn_mm(a, b, row))
 

@@ -44,6 +44,12 @@ def test_small_products_are_not_timed_and_stay_with_mm(monkeypatch):
     assert not onednn_matmul.onednn_is_faster.__wrapped__(64, 32, 64, False, False, True)
 
 
+def test_timing_a_product_draws_none_of_the_fits_random_numbers():
+    state = torch.random.get_rng_state()
+    onednn_matmul.onednn_is_faster.__wrapped__(128, 96, 128, True, False, True)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 def _graph(function, *tensors) -> torch.fx.Graph:
     return make_fx(function, tracing_mode="fake")(*tensors).graph
 
