@@ -107,6 +107,8 @@ def test_a_compiled_fit_through_onednn_equals_the_eager_fit(monkeypatch, optimiz
         assert history[key] == pytest.approx(values, abs=1e-5), key
 
 
-def test_a_compiled_fit_keeps_mm_where_onednn_is_not_faster(monkeypatch):
-    monkeypatch.setattr(onednn_matmul, "onednn_is_faster", lambda *shape: False)
-    assert _fit(True, "sgd")[2] == 0
+@pytest.mark.parametrize("faster, compile", [(False, True), (True, {"options": {"post_grad_custom_post_pass": None}})],
+                         ids=["onednn-not-faster", "turned-off"])
+def test_a_compiled_fit_keeps_mm(monkeypatch, faster, compile):
+    monkeypatch.setattr(onednn_matmul, "onednn_is_faster", lambda *shape: faster)
+    assert _fit(compile, "sgd")[2] == 0
