@@ -1,7 +1,8 @@
-"""The small nets the tests share (imported by conftest.py and by the GPU tests)."""
+"""The small nets (and a metric) the tests share (imported by conftest.py, the GPU tests and others)."""
 from __future__ import annotations
 
 import torch
+import torchmetrics
 from torch import nn
 
 
@@ -10,3 +11,19 @@ def tiny_net(in_features: int = 4, out_features: int = 3, seed: int = 0, dropout
     torch.manual_seed(seed)
     layers = [nn.Linear(in_features, 8), nn.ReLU()] + ([nn.Dropout(dropout)] if dropout else [])
     return nn.Sequential(*layers, nn.Linear(8, out_features))
+
+
+class MeanOfBatchMaxima(torchmetrics.Metric):
+    """A metric whose value depends on how the samples are batched: one batch of all samples would differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("batches", torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, output: torch.Tensor, target) -> None:
+        self.total += output.max()
+        self.batches += 1
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.batches

@@ -155,6 +155,8 @@ class MetricSet:
         self.task: Task | None = None   # what the named metrics were built for
         self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
         self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are
+        self.own: list[Any] = list(self.raw)   # the user's metric objects: updated batch by batch, always
+        self.named_raw: list[Any] = []   # named regression metrics
         self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
 
     def __bool__(self) -> bool:
@@ -177,7 +179,8 @@ class MetricSet:
         self.task = task
         for name, key in self.pending.items():
             self.metrics[name] = METRICS[key](task)
-            (self.classified if METRICS[key].classification else self.raw).append(self.metrics[name])
+            (self.classified if METRICS[key].classification else self.named_raw).append(self.metrics[name])
+        self.raw = self.own + self.named_raw
         self.pending = {}
         for metric in self.metrics.values():
             metric.to(device)
@@ -202,14 +205,30 @@ class MetricSet:
     def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
         if self.pending:
             self.build(output, target)
+        self._update(output, target, self.raw, self.classified)
+
+    def update_batches(self, outputs: list, targets: list) -> None:
+        """The updates of several batches: the named metrics, whose states add up over samples, take them as one
+        batch (one update instead of one per batch); the user's own metric objects batch by batch."""
+        if len(outputs) == 1 or not all(isinstance(value, torch.Tensor) for value in (*outputs, *targets)):
+            for output, target in zip(outputs, targets):
+                self.update(output, target)
+            return
+        if self.pending:
+            self.build(outputs[0], targets[0])
+        self._update(torch.cat(outputs), torch.cat(targets), self.named_raw, self.classified)
+        for output, target in zip(outputs, targets) if self.own else ():
+            self._update(output, target, self.own, [])
+
+    def _update(self, output: torch.Tensor, target: torch.Tensor, raw: list, classified: list) -> None:
         output = output.detach()
         if output.dim() == target.dim() + 1 and output.shape[-1] == 1:
             output = output.squeeze(-1)
-        for metric in self.raw:
+        for metric in raw:
             metric.update(output, target)
-        if self.classified:
+        if classified:
             output, target = self.task.prepare(output, target)
-            for metric in self.classified:
+            for metric in classified:
                 metric.update(output, target)
 
     def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torchmetrics
+from nets import MeanOfBatchMaxima
 from sklearn import metrics as sk
 from torch import nn
 from torch.nn import functional as F
 
 import easyfit
 from easyfit.parts.losses import LOSSES
+from easyfit.parts.metrics import MetricSet
 
 
 def scores_and_outputs(net, x, y, loss, metrics):
@@ -127,3 +129,26 @@ def test_loss_as_module_and_as_callable(make_net, classification):
     assert scores["loss"] == pytest.approx(2 * F.cross_entropy(net(x), y).item(), abs=1e-6)
     history = easyfit.Model(net, doubled, "sgd").fit(x, y, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+@pytest.mark.parametrize("names, make_target", [
+    (["accuracy", "top3_accuracy", "f1", "precision", "recall", "auroc"],
+     lambda g: torch.randint(0, 5, (24,), generator=g)),
+    (["mae", "mse", "rmse", "r2"], lambda g: torch.randn(24, 5, generator=g)),
+], ids=["classification", "regression"])
+def test_several_batches_update_the_named_metrics_as_batch_by_batch(names, make_target):
+    """update_batches (a compiled fit's N steps per call) gives every value per-batch updates give, and the user's
+    own metric object, which may depend on the batching, still sees each batch."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(24, 5, generator=generator), make_target(generator)) for _ in range(4)]
+    loss = LOSSES["cross_entropy" if names[0] == "accuracy" else "mse"]()
+    by_batch, at_once = (MetricSet({**{name: name for name in names}, "own": MeanOfBatchMaxima()}, loss)
+                         for _ in range(2))
+    for output, target in batches:
+        by_batch.update(output, target)
+    at_once.update_batches(*map(list, zip(*batches)))
+    expected, values = by_batch.compute(), at_once.compute()
+    assert values == pytest.approx(expected, abs=1e-6)
+    one_batch = MeanOfBatchMaxima()
+    one_batch.update(torch.cat([output for output, _ in batches]), None)
+    assert float(one_batch.compute()) != pytest.approx(expected["own"], abs=1e-3)   # the batching shows

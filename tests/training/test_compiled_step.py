@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from nets import MeanOfBatchMaxima
 from torch import nn
 
 import easyfit
@@ -124,6 +125,21 @@ def test_a_mid_epoch_checkpoint_resumes_to_the_uninterrupted_numbers(classificat
     resumed = _fit(classification, TRACED, seed=7, steps_per_execution=2, resume_from=tmp_path / "e1-b5.pt")
     torch.testing.assert_close(resumed[0].net.state_dict(), straight[0].net.state_dict(), atol=1e-5, rtol=0)
     assert resumed[1]["loss"] == pytest.approx(straight[1]["loss"], abs=1e-5)
+
+
+def test_metrics_per_call_equal_eager_ones(classification):
+    """With 3 steps per call the named metrics take the call's 3 batches in one update, and the user's own metric
+    object, whose value depends on the batching, sees them one by one: every value is eager's."""
+    def run(compile):
+        torch.manual_seed(1)
+        metrics = {"accuracy": "accuracy", "f1": "f1", "largest": MeanOfBatchMaxima()}
+        model = easyfit.Model(smooth_net(), "cross_entropy", "sgd", metrics=metrics, lr=0.1)
+        history = model.fit(*classification, epochs=2, batch_size=16, validation_split=0.2, verbose=0,
+                            compile=compile, **({"steps_per_execution": 3} if compile else {}))
+        return model, history.history
+    eager, compiled = run(False), run(TRACED)
+    _assert_equal(eager, compiled)
+    assert (3, True) in _programs(compiled[0])
 
 
 def test_a_second_fit_compiles_nothing(classification):
