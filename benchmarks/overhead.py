@@ -14,6 +14,8 @@ Workloads and bars (easyfit / hand-written):
   W1 tiny, bar on    the same with verbose=1, the bar drawn to a null stream   reported only
   W1 compiled        W1 with fit(compile=True, steps_per_execution=1): one program per step   <= 0.50 (2x faster)
   W1 compiled, auto  W1 with fit(compile=True): "auto" runs 8 steps per program                 <= 0.33 (3x faster)
+  W1 accuracy        W1 with metrics=["accuracy"]; the hand-written loop counts correct predictions   reported
+  W1 compiled, auto, accuracy   the same with fit(compile=True)                                  reported
   W2 compute-bound   MLP 784-1024-1024-10, batch 128, Adam                <= 1.01
   W2 compiled        the same with fit(compile=True) (inductor)           <= 0.80 (at least 1.25x faster)
   W2 + EMA           W2 with callbacks=[EMA(0.999)] / W2 without it        reported (the "hand" column: easyfit
@@ -63,6 +65,7 @@ class Workload:
     one_fit: bool = False   # easyfit's epochs are those of one fit call (see `measure_in_one_fit`)
     #: easyfit's side with these callbacks, against easyfit without them (instead of the hand-written loop)
     callbacks: Callable[[], list] | None = None
+    accuracy: bool = False   # easyfit with metrics=["accuracy"]; the hand-written loop counts correct predictions
 
     @property
     def steps(self) -> int:
@@ -87,6 +90,9 @@ def workloads() -> list[Workload]:
                  steps_per_execution=1, one_fit=True),
         Workload("W1 compiled, auto", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=1 / 3, compile=True,
                  one_fit=True),
+        Workload("W1 accuracy", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=None, accuracy=True),
+        Workload("W1 compiled, auto, accuracy", (32, 64, 10), 20_000, 40, 64, sgd, verbose=0, bar=None, compile=True,
+                 one_fit=True, accuracy=True),
         Workload("W2 compute-bound", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=1.01),
         Workload("W2 compiled", (784, 1024, 1024, 10), 512, 300, 128, adam, verbose=0, bar=0.8, compile=True,
                  one_fit=True),
@@ -111,7 +117,7 @@ class HandWritten:
 
     def __init__(self, net: nn.Module, work: Workload, x: torch.Tensor, y: torch.Tensor, clock: Callable[[], float]):
         self.net, self.optimizer, self.x, self.y = net, work.optimizer(net.parameters()), x, y
-        self.batch_size, self.clock = work.batch_size, clock
+        self.batch_size, self.clock, self.accuracy = work.batch_size, clock, work.accuracy
         self.generator = torch.Generator().manual_seed(0)
 
     def epoch(self) -> float:
@@ -120,12 +126,17 @@ class HandWritten:
         started = self.clock()
         net.train()
         order = torch.randperm(len(x), generator=self.generator)
+        correct = torch.zeros((), dtype=torch.long)
         for start in range(0, len(x), batch_size):
             idx = order[start:start + batch_size]
-            loss = F.cross_entropy(net(x[idx]), y[idx])
+            output = net(x[idx])
+            loss = F.cross_entropy(output, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if self.accuracy:
+                correct += (output.detach().argmax(1) == y[idx]).sum()
+        correct.item()
         return self.clock() - started
 
 
@@ -147,7 +158,8 @@ class EasyfitRun:
     """easyfit.Model.fit over the same tensors, one epoch per call, its output sent to a null stream."""
 
     def __init__(self, net: nn.Module, work: Workload, x: torch.Tensor, y: torch.Tensor, clock: Callable[[], float]):
-        self.model = easyfit.Model(net, "cross_entropy", work.optimizer)
+        metrics = ["accuracy"] if work.accuracy else None
+        self.model = easyfit.Model(net, "cross_entropy", work.optimizer, metrics=metrics)
         self.work, self.x, self.y, self.clock = work, x, y, clock
         self.setup_seconds: list[float] = []
 

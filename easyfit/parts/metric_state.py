@@ -31,6 +31,7 @@ def gather(metrics: MetricSet, strategy) -> list[dict]:
 
 def rank_state(metrics: MetricSet) -> dict:
     """This rank's state: the task its named metrics were built for, and each metric's states and update count."""
+    metrics.flush()
     task = metrics.task
     return {"task": None if task is None else list(task),
             "metrics": {name: {"updates": int(metric._update_count),

@@ -14,6 +14,10 @@ import torch
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, OUTPUTS, output_kind
 from easyfit.utils.checks import closest_name
 
+#: the named metrics take up to this many batches (and this many output elements) in one update: a torchmetrics
+#: update costs tens of microseconds however small the batch, more than a small net's whole step
+WAIT_BATCHES, WAIT_ELEMENTS = 16, 1 << 20
+
 
 class Task(NamedTuple):
     """What the classification metrics were built for, and how each batch is brought to their form."""
@@ -22,22 +26,27 @@ class Task(NamedTuple):
     outputs: str           # what the net's outputs are: one of OUTPUTS
     one_hot_targets: bool  # multiclass targets given as one value per class (one-hot or probabilities): argmax
 
-    def prepare(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Probabilities in [0, 1] (so the metrics never guess whether they are logits) and class targets."""
-        if self.outputs == "logits":
-            output = output.softmax(-1) if self.name == "multiclass" else output.sigmoid()
-        elif self.outputs == "log_probabilities":
-            output = output.exp()
-        else:
-            output = output.clamp(0, 1)
+    def prepare(self, output: torch.Tensor, target: torch.Tensor, probabilities: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities in [0, 1] (so the metrics never guess whether they are logits) and class targets. Without
+        `probabilities` a multiclass output stays as it is: metrics that take its argmax or top k need no softmax."""
+        if probabilities or self.name != "multiclass":
+            output = self._probabilities(output)
         if self.one_hot_targets:
             target = target.argmax(-1)
         elif self.name == "multilabel":
             target = (target >= 0.5).long()
         return output, target
 
+    def _probabilities(self, output: torch.Tensor) -> torch.Tensor:
+        if self.outputs == "logits":
+            return output.softmax(-1) if self.name == "multiclass" else output.sigmoid()
+        if self.outputs == "log_probabilities":
+            return output.exp()
+        return output.clamp(0, 1)
 
-def _classification(metric_name: str, **extra) -> Callable:
+
+def _classification(metric_name: str, probabilities: bool = False, **extra) -> Callable:
     def build(task: Task):
         import torchmetrics
         cls = getattr(torchmetrics, metric_name)
@@ -55,6 +64,7 @@ def _classification(metric_name: str, **extra) -> Callable:
             return cls(task="multilabel", num_labels=task.classes, **{"average": "micro", **extra})
         return cls(task="multiclass", num_classes=task.classes, **extra)
     build.classification = True
+    build.probabilities = probabilities   # whether it reads probabilities, not only the classes ranked first
     return build
 
 
@@ -73,7 +83,7 @@ METRICS: dict[str, Callable] = {
     "f1": _classification("F1Score", average="macro"),
     "precision": _classification("Precision", average="macro"),
     "recall": _classification("Recall", average="macro"),
-    "auroc": _classification("AUROC", average="macro"),
+    "auroc": _classification("AUROC", probabilities=True, average="macro"),
     "mae": _regression("MeanAbsoluteError"),
     "mse": _regression("MeanSquaredError"),
     "rmse": _regression("MeanSquaredError", squared=False),
@@ -157,6 +167,9 @@ class MetricSet:
         self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are
         self.own: list[Any] = list(self.raw)   # the user's metric objects: updated batch by batch, always
         self.named_raw: list[Any] = []   # named regression metrics
+        self.waiting: list[tuple[torch.Tensor, torch.Tensor]] = []   # batches the named metrics have yet to take
+        self.waiting_elements = 0
+        self.probabilities = False   # whether a named classification metric reads probabilities (Task.prepare)
         self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
 
     def __bool__(self) -> bool:
@@ -180,6 +193,7 @@ class MetricSet:
         for name, key in self.pending.items():
             self.metrics[name] = METRICS[key](task)
             (self.classified if METRICS[key].classification else self.named_raw).append(self.metrics[name])
+            self.probabilities = self.probabilities or getattr(METRICS[key], "probabilities", False)
         self.raw = self.own + self.named_raw
         self.pending = {}
         for metric in self.metrics.values():
@@ -203,22 +217,34 @@ class MetricSet:
         self.task_shared = True
 
     def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        """Take a batch: the user's own metric objects at once; easyfit's named metrics, whose states add up over
+        samples, with the batches after it in one update (`flush`), except the first, whose errors show in its step."""
         if self.pending:
             self.build(output, target)
-        self._update(output, target, self.raw, self.classified)
-
-    def update_batches(self, outputs: list, targets: list) -> None:
-        """The updates of several batches: the named metrics, whose states add up over samples, take them as one
-        batch (one update instead of one per batch); the user's own metric objects batch by batch."""
-        if len(outputs) == 1 or not all(isinstance(value, torch.Tensor) for value in (*outputs, *targets)):
-            for output, target in zip(outputs, targets):
-                self.update(output, target)
+            self._update(output, target, self.raw, self.classified)
             return
-        if self.pending:
-            self.build(outputs[0], targets[0])
-        self._update(torch.cat(outputs), torch.cat(targets), self.named_raw, self.classified)
-        for output, target in zip(outputs, targets) if self.own else ():
+        if self.own:
             self._update(output, target, self.own, [])
+        if not (self.named_raw or self.classified):
+            return
+        if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)):
+            self._update(output, target, self.named_raw, self.classified)
+            return
+        if self.waiting and not _joinable(self.waiting[-1], output, target):
+            self.flush()
+        # copies: a CUDA graph's next replay overwrites its outputs, and a loader may reuse its batch buffers
+        self.waiting.append((output.detach().clone(), target.clone()))
+        self.waiting_elements += output.numel()
+        if len(self.waiting) >= WAIT_BATCHES or self.waiting_elements >= WAIT_ELEMENTS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Give the named metrics the batches they have yet to take, as one batch."""
+        if not self.waiting:
+            return
+        outputs, targets = zip(*self.waiting)
+        self.waiting, self.waiting_elements = [], 0
+        self._update(torch.cat(outputs), torch.cat(targets), self.named_raw, self.classified)
 
     def _update(self, output: torch.Tensor, target: torch.Tensor, raw: list, classified: list) -> None:
         output = output.detach()
@@ -227,13 +253,14 @@ class MetricSet:
         for metric in raw:
             metric.update(output, target)
         if classified:
-            output, target = self.task.prepare(output, target)
+            output, target = self.task.prepare(output, target, self.probabilities)
             for metric in classified:
                 metric.update(output, target)
 
     def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:
         """Epoch values; with a `sync_fn` (the strategy's gather), over all processes, every rank taking part even
         if it saw no batch. Without it, the values stay local even while a process group is open."""
+        self.flush()
         values = {}
         for name, metric in self.metrics.items():
             if sync_fn is not None or metric.update_called:
@@ -246,8 +273,15 @@ class MetricSet:
         return values
 
     def reset(self) -> None:
+        self.waiting, self.waiting_elements = [], 0
         for metric in self.metrics.values():
             metric.reset()
+
+
+def _joinable(waiting: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether a batch concatenates with a waiting one (the same shapes but for the batch dimension)."""
+    return all(new.shape[1:] == old.shape[1:] and new.dtype == old.dtype and new.device == old.device
+               for new, old in zip((output, target), waiting))
 
 
 def _always() -> bool:

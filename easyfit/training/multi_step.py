@@ -2,8 +2,8 @@
 
 Each call runs N optimizer steps (forward, loss, backward, clipping, update: easyfit.training.functional_step) over
 N batches taken from the epoch's batches, as Keras' `steps_per_execution` does. The learning rate of each step
-(warmup, a per-step schedule) is worked out before the call, the losses are tracked batch by batch and the metrics
-updated after it (easyfit's named metrics once for the N batches), and the batch hooks see every N-th batch:
+(warmup, a per-step schedule) is worked out before the call, the losses are tracked and the metrics updated batch by
+batch after it, and the batch hooks see every N-th batch:
 `on_train_batch_begin` the call's first, and `on_train_batch_end` its last. Epoch hooks, metrics, checkpoints and
 the History see what an eager fit shows.
 
@@ -138,8 +138,8 @@ class FusedTraining:
         for (_, inputs, target, _), loss in zip(items, losses.unbind()):
             size = batch_length(target if target is not None else inputs)
             run.tracker.add(loss, size)
-        if outputs:
-            loop.metrics.update_batches(outputs, [item[2] for item in items])
+        for (_, _, target, _), output in zip(items, outputs):
+            loop.metrics.update(output, target)
         if run.batch_end:
             callbacks.call("on_train_batch_end", last, BatchLogs(run.tracker, losses[-1], size))
         return loop.model.stop_training

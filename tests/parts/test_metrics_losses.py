@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import easyfit
+from easyfit.parts import metrics as metrics_module
 from easyfit.parts.losses import LOSSES
 from easyfit.parts.metrics import MetricSet
 
@@ -134,21 +135,47 @@ def test_loss_as_module_and_as_callable(make_net, classification):
 @pytest.mark.parametrize("names, make_target", [
     (["accuracy", "top3_accuracy", "f1", "precision", "recall", "auroc"],
      lambda g: torch.randint(0, 5, (24,), generator=g)),
+    (["accuracy", "f1"], lambda g: torch.randint(0, 5, (24,), generator=g)),   # no softmax needed
     (["mae", "mse", "rmse", "r2"], lambda g: torch.randn(24, 5, generator=g)),
-], ids=["classification", "regression"])
-def test_several_batches_update_the_named_metrics_as_batch_by_batch(names, make_target):
-    """update_batches (a compiled fit's N steps per call) gives every value per-batch updates give, and the user's
-    own metric object, which may depend on the batching, still sees each batch."""
+], ids=["classification", "classes-only", "regression"])
+def test_named_metrics_take_waiting_batches_as_one(monkeypatch, names, make_target):
+    """The named metrics take the batches in one update per WAIT_BATCHES; every value equals one update per batch
+    (and sklearn's), and the user's own metric object, which depends on the batching, still sees each batch."""
     generator = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(24, 5, generator=generator), make_target(generator)) for _ in range(4)]
+    batches = [(torch.randn(24, 5, generator=generator), make_target(generator)) for _ in range(7)]
+    batches.append((batches[0][0][:5], batches[0][1][:5]))   # a short last batch
     loss = LOSSES["cross_entropy" if names[0] == "accuracy" else "mse"]()
-    by_batch, at_once = (MetricSet({**{name: name for name in names}, "own": MeanOfBatchMaxima()}, loss)
-                         for _ in range(2))
-    for output, target in batches:
-        by_batch.update(output, target)
-    at_once.update_batches(*map(list, zip(*batches)))
-    expected, values = by_batch.compute(), at_once.compute()
-    assert values == pytest.approx(expected, abs=1e-6)
+    values = []
+    for wait in (1, 3, 16):   # one update per batch; every 3 batches and a compute in between; all at the end
+        monkeypatch.setattr(metrics_module, "WAIT_BATCHES", wait)
+        metrics = MetricSet({**{name: name for name in names}, "own": MeanOfBatchMaxima()}, loss)
+        for index, (output, target) in enumerate(batches):
+            metrics.update(output, target)
+            if index == 4:
+                metrics.compute()
+        values.append(metrics.compute())
+    assert values[1] == pytest.approx(values[0], abs=1e-6) and values[2] == pytest.approx(values[0], abs=1e-6)
+    output, target = (torch.cat(parts) for parts in zip(*batches))
+    if "accuracy" in names:
+        assert values[2]["accuracy"] == pytest.approx((output.argmax(1) == target).float().mean().item(), abs=1e-6)
+        assert values[2]["f1"] == pytest.approx(sk.f1_score(target, output.argmax(1), average="macro"), abs=1e-5)
+    else:
+        assert values[2]["mse"] == pytest.approx(sk.mean_squared_error(target, output), abs=1e-5)
     one_batch = MeanOfBatchMaxima()
-    one_batch.update(torch.cat([output for output, _ in batches]), None)
-    assert float(one_batch.compute()) != pytest.approx(expected["own"], abs=1e-3)   # the batching shows
+    one_batch.update(output, None)
+    assert float(one_batch.compute()) != pytest.approx(values[0]["own"], abs=1e-3)   # the batching shows
+
+
+def test_batches_that_do_not_concatenate_wait_apart():
+    """A batch whose outputs do not concatenate with the waiting ones (another dtype here) makes those be taken
+    first; every batch counts once."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, generator=generator), torch.randint(0, 3, (8,), generator=generator))
+               for _ in range(4)]
+    batches[3] = (batches[3][0].double(), batches[3][1])
+    metrics = MetricSet(["accuracy"], LOSSES["cross_entropy"]())
+    for output, target in batches:
+        metrics.update(output, target)
+    assert len(metrics.waiting) == 1   # the first batch was taken at once, the next two when the fourth came
+    correct = sum(int((output.argmax(1) == target).sum()) for output, target in batches)
+    assert metrics.compute() == {"accuracy": pytest.approx(correct / 32, abs=1e-7)}
