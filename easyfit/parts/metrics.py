@@ -227,7 +227,8 @@ class MetricSet:
             self._update(output, target, self.own, [])
         if not (self.named_raw or self.classified):
             return
-        if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)):
+        # on an XLA device each new length of the joined batches would compile another graph
+        if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)) or output.device.type == "xla":
             self._update(output, target, self.named_raw, self.classified)
             return
         if self.waiting and not _joinable(self.waiting[-1], output, target):
