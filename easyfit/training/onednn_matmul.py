@@ -23,6 +23,8 @@ aten = torch.ops.aten
 WIN = 1.25
 #: products smaller than this many multiply-adds stay with torch's `mm` untimed: a call costs more than the arithmetic
 SMALLEST = 1 << 20
+#: a product whose first call takes longer than this many seconds is timed once more, not 5 times
+LONG = 0.05
 
 _LIBRARY = torch.library.Library("easyfit", "FRAGMENT")
 _LIBRARY.define("onednn_mm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor")
@@ -49,7 +51,7 @@ def available() -> bool:
 @functools.cache
 def onednn_is_faster(m: int, k: int, n: int, a_transposed: bool, b_transposed: bool, bias: bool) -> bool:
     """Whether oneDNN computes an (m x k) @ (k x n) product, laid out so, at least WIN times faster than `mm` here
-    (the best of 5 calls each, timed in this process, on the threads torch uses)."""
+    (each timed by `_best_time` in this process, on the threads torch uses)."""
     if m * k * n < SMALLEST:
         return False
     with unset_fake_temporarily(), torch.no_grad():   # the pass runs while inductor traces with fake tensors
@@ -66,12 +68,15 @@ def _times_faster(m: int, k: int, n: int, a_transposed: bool, b_transposed: bool
 
 
 def _best_time(call) -> float:
+    """The best of 5 timed calls after a warm-up; of 1 when the warm-up took over LONG seconds (a large product, whose
+    timing would otherwise add seconds to the compilation)."""
+    started = time.perf_counter()
     call()
     times = []
-    for _ in range(5):
-        start = time.perf_counter()
+    for _ in range(1 if time.perf_counter() - started > LONG else 5):
+        started = time.perf_counter()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - started)
     return min(times)
 
 

@@ -44,6 +44,14 @@ def test_small_products_are_not_timed_and_stay_with_mm(monkeypatch):
     assert not onednn_matmul.onednn_is_faster.__wrapped__(64, 32, 64, False, False, True)
 
 
+@pytest.mark.parametrize("long, calls", [(10.0, 6), (0.0, 2)], ids=["fast", "slow"])
+def test_a_slow_product_is_timed_once_after_its_warm_up(monkeypatch, long, calls):
+    monkeypatch.setattr(onednn_matmul, "LONG", long)
+    made = []
+    onednn_matmul._best_time(lambda: made.append(torch.mm(torch.ones(4, 4), torch.ones(4, 4))))
+    assert len(made) == calls
+
+
 def test_timing_a_product_draws_none_of_the_fits_random_numbers():
     state = torch.random.get_rng_state()
     onednn_matmul.onednn_is_faster.__wrapped__(128, 96, 128, True, False, True)
