@@ -11,10 +11,12 @@ each group's learning rate held in a tensor, so schedules and warmup change it w
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Callable
 
 import torch
 
+from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
 from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
@@ -83,7 +85,9 @@ class CompiledStep:
         self.static = options["dynamic"] is False
         self.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
         self.compiled = torch.compile(own_cache(forward_loss), **options)
+        self.options = options
         self.shapes: tuple | None = None
+        self.net_forward: tuple[torch.nn.Module, Callable] | None = None   # (a wrapped net, its compiled forward)
 
     def __call__(self, net, loss_fn, inputs, target):
         if self.static:
@@ -93,10 +97,30 @@ class CompiledStep:
                 return forward_loss(net, loss_fn, inputs, target)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        output, loss = self.compiled(net, loss_fn, inputs, target)
+        with self._wrapped_net_compiled(net):
+            output, loss = self.compiled(net, loss_fn, inputs, target)
         if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay, which
             loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
         return output, loss
+
+
+    @contextlib.contextmanager
+    def _wrapped_net_compiled(self, net):
+        """The user's net inside a DDP wrapper compiled on its own during the call: DDP's forward breaks the traced
+        graph before it calls the net, and torch.compile starts no trace in a torch.nn module's own forward, so a
+        net such as an nn.Sequential would otherwise run eagerly."""
+        inner = unwrap(net)
+        if inner is net or "forward" in vars(inner):
+            yield
+            return
+        if self.net_forward is None or self.net_forward[0] is not inner:
+            compiled = torch.compile(own_cache(type(inner).forward), **self.options)
+            self.net_forward = (inner, types.MethodType(compiled, inner))
+        inner.forward = self.net_forward[1]
+        try:
+            yield
+        finally:
+            del inner.forward
 
 
 class LearningRatesInTensors:

@@ -22,6 +22,7 @@ def test_compile_and_the_finders_under_ddp(tmp_path):
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
     for rank in ranks:
         assert rank["graphs"]["unique_graphs"] >= 2, rank["graphs"]   # the step and the optimizer step compiled
+        assert rank["linear_calls"] == 2   # the nn.Sequential inside DDP compiled too, not run eagerly
         assert_same_weights(rank["compiled"], rank["eager"], atol=1e-5)
         assert _equal(rank["before"], rank["after_lr"])   # find_lr left weights, optimizer and RNG as they were
         assert rank["batch_size"] == 20   # rank 1 runs out of memory from 21, rank 0 from 37

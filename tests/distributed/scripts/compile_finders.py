@@ -32,6 +32,15 @@ class OutOfMemoryFrom(nn.Module):
         return self.layer(x)
 
 
+LINEAR_CALLS = []   # the linear layers in each graph the backend is given
+
+
+def recording_aot_eager(graph: torch.fx.GraphModule, example_inputs):
+    """torch's "aot_eager" backend, counting the net's linear layers in the graphs it compiles."""
+    LINEAR_CALLS.append(sum(node.target is torch._C._nn.linear for node in graph.graph.nodes))
+    return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+
 def trained_weights(compile) -> dict:
     net = make_net()
     model = easyfit.Model(net, "cross_entropy", "adam", lr=0.01)
@@ -47,7 +56,7 @@ def state(model) -> dict:
 def main() -> None:
     torch.set_num_threads(1)
     out = sys.argv[1]
-    eager, compiled = trained_weights(False), trained_weights({"backend": "aot_eager"})
+    eager, compiled = trained_weights(False), trained_weights({"backend": recording_aot_eager})
     x, y = make_data()
     model = easyfit.Model(make_net(), "cross_entropy", "adam", lr=0.01)
     model.fit(x, y, epochs=1, verbose=0, **RUN)
@@ -58,7 +67,7 @@ def main() -> None:
     finder = easyfit.Model(OutOfMemoryFrom(OUT_OF_MEMORY_FROM[rank]), "cross_entropy", "sgd")
     batch_size = finder.find_batch_size(x, y, max_batch_size=64, **RUN)
     graphs = dict(torch._dynamo.utils.counters["stats"])
-    torch.save({"eager": eager, "compiled": compiled, "graphs": graphs, "lrs": result.lrs, "losses": result.losses,
+    torch.save({"eager": eager, "compiled": compiled, "graphs": graphs, "linear_calls": sum(LINEAR_CALLS), "lrs": result.lrs, "losses": result.losses,
                 "suggestion": result.suggestion, "batch_size": batch_size, "before": before, "after_lr": after_lr},
                os.path.join(out, f"rank{rank}.pt"))
 
