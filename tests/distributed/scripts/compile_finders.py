@@ -67,8 +67,9 @@ def main() -> None:
     finder = easyfit.Model(OutOfMemoryFrom(OUT_OF_MEMORY_FROM[rank]), "cross_entropy", "sgd")
     batch_size = finder.find_batch_size(x, y, max_batch_size=64, **RUN)
     graphs = dict(torch._dynamo.utils.counters["stats"])
-    torch.save({"eager": eager, "compiled": compiled, "graphs": graphs, "linear_calls": sum(LINEAR_CALLS), "lrs": result.lrs, "losses": result.losses,
-                "suggestion": result.suggestion, "batch_size": batch_size, "before": before, "after_lr": after_lr},
+    torch.save({"eager": eager, "compiled": compiled, "graphs": graphs, "linear_calls": sum(LINEAR_CALLS),
+                "lrs": result.lrs, "losses": result.losses, "suggestion": result.suggestion, "batch_size": batch_size,
+                "before": before, "after_lr": after_lr},
                os.path.join(out, f"rank{rank}.pt"))
 
 
