@@ -6,6 +6,7 @@ import re
 import string
 
 from easyfit.callbacks.base import Callback
+from easyfit.callbacks.logs import Logs
 from easyfit.callbacks.monitor import Monitor, skips_validation
 from easyfit.utils.checks import check_positive_int
 
@@ -119,11 +120,11 @@ class ModelCheckpoint(Callback):
         return path, current
 
     def _format(self, epoch: int, batch: int | None, logs) -> str:
-        fields = {**(logs or {}), "epoch": epoch + 1}
+        fields = Logs({**(logs or {}), "epoch": epoch + 1})   # "{lr}" reads the learning rate, with a warning
         if batch is not None:
             fields["batch"] = batch + 1
         try:
-            return self.filepath.format(**fields)
+            return self.filepath.format_map(fields)
         except (KeyError, IndexError, ValueError) as error:
             raise ValueError(f"ModelCheckpoint cannot fill in the filepath {self.filepath!r} ({error!r}); "
                              f"it may use these fields: {', '.join(fields)}") from None

@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 import easyfit
-from easyfit.callbacks import Callback, CSVLogger, LearningRateScheduler, ReduceLROnPlateau
+from easyfit.callbacks import Callback, CSVLogger, LearningRateScheduler, ModelCheckpoint, ReduceLROnPlateau
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import format_logs
 
@@ -70,3 +70,11 @@ def test_a_history_saved_with_lr_loads_as_learning_rate(regression, tmp_path):
 
 def test_small_learning_rates_show_their_digits():
     assert format_logs({"loss": 0.5, "learning_rate": 1e-5}) == "loss: 0.5000 - learning_rate: 1.0000e-05"
+
+
+def test_a_checkpoint_file_name_with_lr_reads_the_learning_rate_with_a_warning(regression, tmp_path):
+    model = easyfit.Model(nn.Linear(3, 1), "mse", "sgd", lr=0.1)
+    with pytest.warns(DeprecationWarning, match="'lr' is now 'learning_rate'"):
+        model.fit(*regression, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda epoch: 0.1 * 0.5 ** epoch),
+                                                                ModelCheckpoint(tmp_path / "m-{epoch}-{lr:.3f}.pt")])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["m-1-0.100.pt", "m-2-0.050.pt"]
