@@ -27,6 +27,7 @@ from runner import (
 )
 
 import easyfit
+from easyfit.distributed.strategy_parts.cpu_threads import available_cores
 
 pytest.importorskip("horovod.torch", reason="horovod is not installed: scripts/install_horovod.sh builds it")
 pytestmark = pytest.mark.timeout(300)
@@ -156,3 +157,28 @@ def test_fp16_compression_trains_within_tolerance_of_full_precision():
     difference = max_difference(net.state_dict(), reference_weights(0.1))
     print(f"max |horovod fp16 - torch| = {difference:.2e}")
     assert 0 < difference <= 1e-4
+
+
+class Threads(easyfit.callbacks.Callback):
+    """The torch threads rank 0 trains with (its attributes come back to the caller)."""
+
+    def on_train_begin(self, logs=None):
+        self.threads = torch.get_num_threads()
+
+
+@pytest.mark.skipif(available_cores() < 2 or torch.get_num_threads() < 2, reason="needs 2 cores to share")
+def test_ranks_on_the_cpu_train_with_their_share_of_the_cores(monkeypatch, capfd):
+    import cloudpickle
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    threads = Threads()
+    try:
+        easyfit.Model(make_net(), "cross_entropy", "sgd").fit(*make_data(), epochs=1, batch_size=16, verbose=2,
+                                                              callbacks=[threads], devices=2, accelerator="cpu",
+                                                              strategy="horovod")
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    share = max(1, available_cores() // 2)
+    assert threads.threads == share
+    assert f"{share} CPU thread{'s' if share > 1 else ''} per process ({available_cores()} cores / 2 processes" \
+        in capfd.readouterr().out

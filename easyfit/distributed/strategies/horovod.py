@@ -16,6 +16,7 @@ from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironmen
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper
+from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -38,6 +39,7 @@ class HorovodStrategy(Strategy):
         self.backward_passes_per_step = 1
         self._user_optimizer: torch.optim.Optimizer | None = None
         self._synchronized = False
+        self.cores = CoreShare()   # this rank's share of the CPU cores while a call runs
 
     def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment: ClusterEnvironment | None = None, **_) -> None:
@@ -112,6 +114,15 @@ class HorovodStrategy(Strategy):
             raise RuntimeError(f"this Horovod job has {hvd.size()} processes, but this call asks for {requested}; "
                                "every call in a Horovod job must use the same devices and num_nodes")
         super().setup_environment()
+        if self.root_device.type == "cpu":   # whoever started them, the ranks on this machine share its cores
+            self.cores.apply(hvd.local_size())
+
+    @property
+    def threads_note(self) -> str | None:
+        return self.cores.note
+
+    def teardown(self) -> None:
+        self.cores.restore()
 
     def configure_training(self, settings) -> None:
         self.backward_passes_per_step = settings.gradient_accumulation_steps
