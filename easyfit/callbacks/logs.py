@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 #: old key -> Keras 3's key; the old key reads the new one's value with a DeprecationWarning
 RENAMED = {"lr": "learning_rate"}
 
@@ -27,6 +29,10 @@ class Logs(dict):
     def __contains__(self, key) -> bool:
         return dict.__contains__(self, key) or self._renamed(key) is not None
 
+    def __reduce__(self):
+        """Pickled as a call with a plain dict, which torch.load(weights_only=True) can rebuild (see below)."""
+        return type(self), (dict(self),)
+
     def _renamed(self, key) -> str | None:
         """The new key an old `key` stands for, with the warning; None when `key` is not an old key held here."""
         new = RENAMED.get(key) if isinstance(key, str) else None
@@ -35,6 +41,11 @@ class Logs(dict):
         warnings.warn(f"the log key {key!r} is now {new!r} (Keras 3's name); {key!r} is read as {new!r} for this "
                       f"release only: read {new!r} instead", DeprecationWarning, stacklevel=3)
         return new
+
+
+# a saved History (torch.save(model.history.history, path)) loads with torch.load's default weights_only=True: Logs
+# is a dict that adds no state, rebuilt from a plain dict
+torch.serialization.add_safe_globals([Logs])
 
 
 def renamed(logs: dict) -> Logs:

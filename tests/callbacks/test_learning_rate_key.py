@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 import easyfit
@@ -78,3 +79,13 @@ def test_a_checkpoint_file_name_with_lr_reads_the_learning_rate_with_a_warning(r
         model.fit(*regression, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda epoch: 0.1 * 0.5 ** epoch),
                                                                 ModelCheckpoint(tmp_path / "m-{epoch}-{lr:.3f}.pt")])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m-1-0.100.pt", "m-2-0.050.pt"]
+
+
+def test_a_saved_history_loads_with_weights_only(regression, tmp_path):
+    model = easyfit.Model(nn.Linear(3, 1), "mse", "sgd", lr=0.1)
+    history = model.fit(*regression, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda epoch: 0.1)])
+    torch.save({"history": history.history}, tmp_path / "history.pt")
+    loaded = torch.load(tmp_path / "history.pt", weights_only=True)["history"]
+    assert loaded == history.history and list(loaded) == ["loss", "learning_rate"]
+    with pytest.warns(DeprecationWarning, match="'lr' is now 'learning_rate'"):
+        assert loaded["lr"] == [0.1, 0.1]
