@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,12 @@ def run_script(out: Path, *args: str, env: dict | None = None, timeout: float = 
 
 
 def start_script(out: Path, *args: str, env: dict | None = None, script: str = "train.py") -> subprocess.Popen:
+    """Start the script; it takes Ctrl-C (SIGINT) as a terminal's foreground program does, even where this test
+    runs as a background job, whose children inherit SIGINT ignored."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen([sys.executable, str(SCRIPTS / script), str(out), *args], env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def result(out: Path) -> dict:
