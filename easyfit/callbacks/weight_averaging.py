@@ -46,8 +46,10 @@ class WeightAveraging(Callback):
         self.num_averaged += 1
 
     def _clone_net_state(self) -> dict:
-        """The net's full state (a collective under a sharded strategy: every rank calls it), copied."""
-        return {key: value.detach().clone() for key, value in self.model.net_state().items()}
+        """The net's full state (a collective under a sharded strategy: every rank calls it), copied; whole tensors
+        where the strategy keeps a sharded state (FSDP's state_dict_type="sharded"), which the strategy cuts into
+        each rank's part again on load, on any number of processes."""
+        return {key: _whole(value).detach().clone() for key, value in self.model.net_state().items()}
 
     def _full_average(self) -> dict:
         """The full averaged state, through the strategy's gather: the averages swapped in, read, swapped out."""
@@ -127,6 +129,15 @@ class WeightAveraging(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.saved = state
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A distributed tensor's whole value (a collective), any other tensor as it is."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+        if isinstance(tensor, DTensor):
+            return tensor.full_tensor()
+    return tensor
 
 
 class EMA(WeightAveraging):

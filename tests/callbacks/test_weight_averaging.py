@@ -4,6 +4,7 @@ them after the fit, checkpoints (loaded as data) hold both sets and a resume con
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.optim.swa_utils import SWALR, update_bn
 
 import easyfit
 from easyfit.callbacks import EMA, SWA, ModelCheckpoint
+from easyfit.saving.checkpoint import FSDP_META_FILE
 
 LR = 0.1
 
@@ -131,15 +133,17 @@ def test_bad_arguments_are_named_before_training():
         fit(model, 1, [SWA(swa_lr=0.05)])
 
 
-def check_averaged_run(results: list[dict]) -> None:
+def check_averaged_run(results: list[dict], checkpoint_file: str = "") -> None:
     """Each rank's net holds the hand-computed averages after the fit; validation ran them; the resume from epoch 2
-    ends with the same averages; the checkpoint loads as data and holds both sets."""
+    ends with the same averages; the checkpoint (or `checkpoint_file` in its directory) loads as data and holds the
+    whole averages."""
     averaged, losses = hand_ema(3, 0.9)
     for result in results:
         assert max_difference(result["averaged"], averaged) <= 1e-6
         assert max_difference(result["resumed"], averaged) <= 1e-6
         assert result["history"]["val_loss"] == pytest.approx(losses, abs=1e-6)
-    saved = torch.load(results[0]["checkpoint"], weights_only=True)
+    path = results[0]["checkpoint"]
+    saved = torch.load(os.path.join(path, checkpoint_file) if checkpoint_file else path, weights_only=True)
     assert max_difference(saved["callbacks"]["EMA"]["averaged"], hand_ema(2, 0.9)[0]) <= 1e-6
 
 
@@ -152,6 +156,13 @@ def test_ema_under_ddp_on_two_processes(ddp_around):
 @pytest.mark.timeout(600)
 def test_ema_under_fsdp_averages_each_shard_and_hands_back_the_full_average(tmp_path):
     check_averaged_run(run_around(tmp_path, "fsdp", ["ema"])["ema"])
+
+
+@pytest.mark.timeout(600)
+def test_ema_under_fsdp_with_sharded_checkpoints_saves_and_resumes_the_whole_average(tmp_path):
+    """FSDP(state_dict_type="sharded") checkpoints are torch.distributed.checkpoint directories; EMA's averages go
+    into their metadata file whole (each rank's shard gathered), and the resume cuts them again."""
+    check_averaged_run(run_around(tmp_path, "fsdp_sharded", ["ema"])["ema"], FSDP_META_FILE)
 
 
 @pytest.mark.timeout(600)

@@ -2,6 +2,7 @@
 is what costs time).
 
 Usage: python around.py OUT_DIR STRATEGY CHECK[,CHECK...]
+STRATEGY is a strategy's name, or fsdp_sharded: FSDP(state_dict_type="sharded").
 CHECK is one of:
   ema         EMA(0.9), SGD, 3 epochs with validation and a checkpoint per epoch; then a resume from epoch 2
   swa         SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1), SGD, 3 epochs
@@ -31,6 +32,7 @@ from easyfit.callbacks import (
     WandbLogger,
 )
 from easyfit.distributed.environments import launch_identity
+from easyfit.strategies import FSDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "distributed", "scripts"))
 from common import make_data, make_net
@@ -45,6 +47,8 @@ def model_for(lr: float = LR) -> easyfit.Model:
 
 def fit(model: easyfit.Model, strategy: str, epochs: int, callbacks: list, **options):
     x, y = make_data()
+    if strategy == "fsdp_sharded":   # FSDP writing torch.distributed.checkpoint directories
+        strategy = FSDP(state_dict_type="sharded")
     return model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, lr_scaling=None, devices=2,
                      accelerator="cpu", strategy=strategy, validation_data=(x[:64], y[:64]), callbacks=callbacks,
                      **options)
