@@ -115,7 +115,8 @@ def _operands(node: torch.fx.Node) -> tuple | None:
         operands = (*node.args, None)
     elif node.target is aten.addmm.default and len(node.args) == 3:
         operands = (node.args[1], node.args[2], node.args[0])
-        if getattr(operands[2].meta.get("val"), "ndim", None) != 1:
+        bias, b = (getattr(value, "meta", {}).get("val") for value in (operands[2], operands[1]))
+        if getattr(bias, "shape", None) != getattr(b, "shape", (0, 0))[1:]:   # a row for every column only
             return None
     else:
         return None

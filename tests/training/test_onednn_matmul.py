@@ -70,14 +70,14 @@ def test_the_pass_swaps_float32_products_and_a_bias_row_only(monkeypatch):
     monkeypatch.setattr(onednn_matmul, "onednn_is_faster", lambda *shape: True)
     swap = onednn_matmul.OneDnnMatmuls()
 
-    def products(x, w, b, full):
+    def products(x, w, b, full, one):
         return torch.addmm(b, x, w.t()), torch.mm(x, w.t()), torch.addmm(full, x, w.t()), \
-            torch.addmm(b, x, w.t(), beta=0.5), torch.mm(x.bfloat16(), w.t().bfloat16())
-    graph = _graph(products, torch.randn(8, 4), torch.randn(6, 4), torch.randn(6), torch.randn(8, 6))
+            torch.addmm(b, x, w.t(), beta=0.5), torch.mm(x.bfloat16(), w.t().bfloat16()), torch.addmm(one, x, w.t())
+    graph = _graph(products, torch.randn(8, 4), torch.randn(6, 4), torch.randn(6), torch.randn(8, 6), torch.randn(1))
     swap(graph)
     targets = _targets(graph)
     assert targets.count(torch.ops.easyfit.onednn_mm.default) == 2
-    assert targets.count(torch.ops.aten.addmm.default) == 2   # a full matrix added, and beta=0.5
+    assert targets.count(torch.ops.aten.addmm.default) == 3   # a full matrix added, beta=0.5, a broadcast number
     assert targets.count(torch.ops.aten.mm.default) == 1      # bfloat16
 
 
