@@ -227,8 +227,11 @@ class MetricSet:
             self._update(output, target, self.own, [])
         if not (self.named_raw or self.classified):
             return
-        # on an XLA device each new length of the joined batches would compile another graph
-        if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)) or output.device.type == "xla":
+        # taken at once where waiting does not pay: on an XLA device (each new length of joined batches would compile
+        # another graph), and a batch of WAIT_ELEMENTS outputs or more (its copy would only cost memory)
+        if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)) or output.device.type == "xla" \
+                or output.numel() >= WAIT_ELEMENTS:
+            self.flush()
             self._update(output, target, self.named_raw, self.classified)
             return
         if self.waiting and not _joinable(self.waiting[-1], output, target):

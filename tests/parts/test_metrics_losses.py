@@ -179,3 +179,17 @@ def test_batches_that_do_not_concatenate_wait_apart():
     assert len(metrics.waiting) == 1   # the first batch was taken at once, the next two when the fourth came
     correct = sum(int((output.argmax(1) == target).sum()) for output, target in batches)
     assert metrics.compute() == {"accuracy": pytest.approx(correct / 32, abs=1e-7)}
+
+
+def test_a_large_batch_is_taken_at_once(monkeypatch):
+    monkeypatch.setattr(metrics_module, "WAIT_ELEMENTS", 30)
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(n, 3, generator=generator), torch.randint(0, 3, (n,), generator=generator))
+               for n in (4, 4, 12, 4)]   # the third has 36 output elements
+    metrics = MetricSet(["accuracy"], LOSSES["cross_entropy"]())
+    for index, (output, target) in enumerate(batches):
+        metrics.update(output, target)
+        if index == 2:
+            assert metrics.waiting == []   # the batch before it taken first, then it at once
+    correct = sum(int((output.argmax(1) == target).sum()) for output, target in batches)
+    assert metrics.compute() == {"accuracy": pytest.approx(correct / 24, abs=1e-7)}
