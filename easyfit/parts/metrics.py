@@ -164,9 +164,8 @@ class MetricSet:
             self.names.append(name)
         self.task: Task | None = None   # what the named metrics were built for
         self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
-        self.raw: list[Any] = list(self.metrics.values())   # the others: the net's outputs as they are
-        self.own: list[Any] = list(self.raw)   # the user's metric objects: updated batch by batch, always
-        self.named_raw: list[Any] = []   # named regression metrics
+        self.own: list[Any] = list(self.metrics.values())   # the user's metric objects: outputs as they are, each batch
+        self.named_raw: list[Any] = []   # named regression metrics: outputs as they are
         self.waiting: list[tuple[torch.Tensor, torch.Tensor]] = []   # batches the named metrics have yet to take
         self.waiting_elements = 0
         self.probabilities = False   # whether a named classification metric reads probabilities (Task.prepare)
@@ -194,7 +193,6 @@ class MetricSet:
             self.metrics[name] = METRICS[key](task)
             (self.classified if METRICS[key].classification else self.named_raw).append(self.metrics[name])
             self.probabilities = self.probabilities or getattr(METRICS[key], "probabilities", False)
-        self.raw = self.own + self.named_raw
         self.pending = {}
         for metric in self.metrics.values():
             metric.to(device)
@@ -221,7 +219,7 @@ class MetricSet:
         samples, with the batches after it in one update (`flush`), except the first, whose errors show in its step."""
         if self.pending:
             self.build(output, target)
-            self._update(output, target, self.raw, self.classified)
+            self._update(output, target, self.own + self.named_raw, self.classified)
             return
         if self.own:
             self._update(output, target, self.own, [])

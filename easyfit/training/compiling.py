@@ -103,7 +103,6 @@ class CompiledStep:
             loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
         return output, loss
 
-
     @contextlib.contextmanager
     def _wrapped_net_compiled(self, net):
         """The user's net inside a DDP wrapper compiled on its own during the call: DDP's forward breaks the traced
