@@ -43,3 +43,26 @@ def no_rendezvous_left(monkeypatch):
     (MASTER_ADDR / MASTER_PORT, inherited by every script a test starts) is removed for the test."""
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
+
+
+def torch_compile_settings() -> dict:
+    """torch's compiler configs (dynamo, AOTAutograd, inductor), each option read as code reads it (an option whose
+    attribute was deleted reads "<deleted>"); none is imported here for the first time (importing torch._inductor
+    costs seconds)."""
+    import sys
+    names = ("torch._dynamo.config", "torch._functorch.config", "torch._inductor.config")
+    configs = {name: sys.modules[name] for name in names if name in sys.modules}
+    return {name: {option: getattr(config, option, "<deleted>") for option in config.get_config_copy()}
+            for name, config in configs.items()}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compile_settings_unchanged(request):
+    """No test module leaves torch's compiler settings changed: a change made without torch's own `config.patch`
+    (a monkeypatch, an assignment) leaks into every later test, or, undone by deleting the attribute, breaks them."""
+    before = torch_compile_settings()
+    yield
+    after = torch_compile_settings()
+    changed = sorted(f"{config}.{option}" for config, options in before.items()
+                     for option, value in options.items() if after[config].get(option, "<deleted>") != value)
+    assert not changed, f"{request.module.__name__} left torch's compiler settings changed: {', '.join(changed)}"

@@ -19,10 +19,12 @@ pytestmark = pytest.mark.skipif(not onednn_matmul.available(), reason="this torc
 
 
 @pytest.fixture(autouse=True)
-def _compile_anew(monkeypatch):
-    """No compiled graph from inductor's caches: each fit's programs go through the pass with its forced choice."""
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+def _compile_anew():
+    """No compiled graph from inductor's caches: each fit's programs go through the pass with its forced choice.
+    Set through torch's own config patches, which put every option back as it was."""
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
 
 
 @pytest.mark.parametrize("a_transposed", [False, True])
