@@ -27,17 +27,16 @@ from easyfit.saving.resume import EpochPosition
 from easyfit.training.compiling import CompiledSteps, check_compile
 from easyfit.training.in_process import CALLS as IN_PROCESS_CALLS, fit_callbacks
 from easyfit.training.loop import TrainingObjects
+from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.options import (
     FitOptions,
     RunOptions,
-    as_keywords,
     call_options,
     check_fit_options,
     run_options_documented,
 )
 from easyfit.tuning.batch_size_finder import search_in_process
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
-from easyfit.utils.tensors import sample_count
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -46,32 +45,29 @@ PLAIN = Strategy()
 CALLS = {**IN_PROCESS_CALLS, "find_batch_size": search_in_process}
 
 
-class Model:
+class Model(OnBatchCalls):
     """Keras-style training for any torch.nn.Module.
 
     Args:
         net: the module to train; after `fit` it holds the trained weights.
-        loss: a name ("cross_entropy", "mse", ...), an nn.Module, or a callable (output, target) -> scalar.
+        loss: a name ("cross_entropy", "mse", ...), "model" (the loss the net returns itself: a transformers model
+            given labels=), an nn.Module, or a callable (output, target) -> scalar.
         optimizer: a name ("adam", "sgd", ...), an optimizer over `net`'s parameters, or a factory params -> Optimizer.
         metrics: names ("accuracy", "f1", "mae", ...) or torchmetrics objects; a dict names them.
         lr: learning rate for an optimizer given by name (each name has a sensible default).
         scheduler: an LR scheduler over the optimizer, or a factory optimizer -> scheduler.
         scheduler_interval: step the scheduler every "epoch" (default) or every optimizer "step".
+        **optimizer_options: options of an optimizer given by name (momentum=0.9, weight_decay=, betas=, ...).
     """
 
     def __init__(self, net: nn.Module, loss: Any = "cross_entropy", optimizer: Any = "adam", metrics: Any = None,
-                 *, lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch"):
+                 *, lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch",
+                 **optimizer_options):
         if not isinstance(net, nn.Module):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
-        check_model_arguments(optimizer, metrics, lr, scheduler_interval)
         self.net = net
-        self.loss_fn = resolve_loss(loss)
-        self.optimizer = build_optimizer(optimizer, net, lr)
-        self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
-                     "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net)}
-        self.scheduler = build_scheduler(scheduler, self.optimizer)
-        self.scheduler_interval = scheduler_interval
-        self.metrics = MetricSet(metrics, self.loss_fn)
+        self.compile(optimizer, loss, metrics, lr=lr, scheduler=scheduler, scheduler_interval=scheduler_interval,
+                     **optimizer_options)
         self.history = History()
         self.strategy: Strategy = Strategy()
         self._training: TrainingObjects | None = None   # what the strategy's setup returned, while a fit runs
@@ -83,6 +79,27 @@ class Model:
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
         self.compiled_steps = CompiledSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
+
+    def compile(self, optimizer: Any = "adam", loss: Any = "cross_entropy", metrics: Any = None, *,
+                lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch",
+                **optimizer_options) -> None:
+        """Keras' compile: (re)set the optimizer, loss and metrics, e.g. of a `Model(net)` built with the net alone;
+        the arguments are Model's. The net's weights and the history are kept; the optimizer starts afresh."""
+        check_model_arguments(optimizer, metrics, lr, scheduler_interval)
+        net = self.net
+        self.loss_fn = resolve_loss(loss)
+        self.optimizer = build_optimizer(optimizer, net, lr, optimizer_options)
+        self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
+                     "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net),
+                     "optimizer_options": dict(optimizer_options) if isinstance(optimizer, str) else {}}
+        self.scheduler = build_scheduler(scheduler, self.optimizer)
+        self.scheduler_interval = scheduler_interval
+        self.metrics = MetricSet(metrics, self.loss_fn)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        """The net's top-level layers (its child modules, in order), as Keras' `model.layers`."""
+        return list(self.net.children())
 
     # --- identity (meaningful inside fit, in every process) -----------------------------
     @property
@@ -107,7 +124,7 @@ class Model:
             lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
             steps_per_execution="auto", devices="auto", accelerator="auto", strategy="auto", num_nodes=1,
             precision=None, compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
-            replace_sampler=True, **unknown) -> History:
+            replace_sampler=True, collate_fn=None, **unknown) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
@@ -151,7 +168,7 @@ class Model:
     def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, *,
                  devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
                  auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                 **unknown):
+                 collate_fn=None, **unknown):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
         no metrics, else [loss, metric, ...] in the order given to the Model.
 
@@ -173,7 +190,7 @@ class Model:
     def predict(self, x, batch_size=32, verbose=0, callbacks=None, *,
                 devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
                 auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                **unknown):
+                collate_fn=None, **unknown):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
         otherwise; float32 under mixed precision.
 
@@ -278,57 +295,6 @@ class Model:
     def count_params(self) -> int:
         """The number of parameters of the net (trainable or not; buffers are not parameters)."""
         return sum(p.numel() for p in self.net.parameters())
-
-    @run_options_documented
-    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *,
-                       devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                       auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                       **unknown):
-        """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
-        `history` and `completed_epochs` are left as they were.
-
-        Args:
-            x, y: one batch, as arrays or tensors.
-            sample_weight: one weight per sample (default None).
-            class_weight: {class index: weight} (default None).
-            return_dict: {"loss": ..., ...} instead of a list (default False).
-        """
-        (run,) = call_options(locals(), RunOptions)
-        history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
-        try:
-            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
-                              fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
-                              **as_keywords(run))
-        finally:
-            self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
-        logs = {key: values[-1] for key, values in result.history.items()}
-        return scores_result(logs, self.metrics.names, return_dict)
-
-    @run_options_documented
-    def test_on_batch(self, x, y=None, return_dict=False, *,
-                      devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                      auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                      **unknown):
-        """`evaluate` on exactly this batch.
-
-        Args:
-            x, y: one batch, as arrays or tensors.
-            return_dict: {"loss": ..., ...} instead of a list (default False).
-        """
-        (run,) = call_options(locals(), RunOptions)
-        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **as_keywords(run))
-
-    @run_options_documented
-    def predict_on_batch(self, x, *, devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None,
-                         compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
-                         replace_sampler=True, **unknown):
-        """`predict` on exactly this batch.
-
-        Args:
-            x: one batch of inputs, as arrays or tensors.
-        """
-        (run,) = call_options(locals(), RunOptions)
-        return self.predict(x, batch_size=sample_count(x), verbose=0, **as_keywords(run))
 
     # --- checkpoint state ---------------------------------------------------------------
     def checkpoint_state(self) -> dict:

@@ -9,13 +9,14 @@ import contextlib
 import math
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
+from easyfit.data.map_style import collate_samples, is_map_style, map_style_loader
 from easyfit.data.samplers import sampler_indices
 from easyfit.utils.checks import check_not_a_path, check_positive_int
 
@@ -203,7 +204,7 @@ def split_validation(x: Any, y: Any, validation_split: float, float_dtype: torch
 
 
 def _dataset_length(x: Any, purpose: str) -> int:
-    if isinstance(x, Dataset) and not isinstance(x, IterableDataset) and hasattr(x, "__len__"):
+    if (isinstance(x, Dataset) or is_map_style(x)) and not isinstance(x, IterableDataset) and hasattr(x, "__len__"):
         return len(x)
     raise ValueError(f"{purpose} needs arrays, tensors or a map-style Dataset with a length; "
                      f"got {type(x).__name__}. Pass validation_data explicitly instead.")
@@ -221,14 +222,15 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
                  seed: int = 0, num_workers: int = 0, replace_sampler: bool = True,
-                 float_dtype: torch.dtype = torch.float32):
+                 float_dtype: torch.dtype = torch.float32, collate_fn: Callable | None = None):
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
-    float64 numpy data becomes `float_dtype`."""
+    float64 numpy data becomes `float_dtype`; `collate_fn` collates the samples of data easyfit batches itself."""
     check_positive_int(batch_size, "batch_size")
     device = strategy.batch_device
     source = "the training data" if train else "the validation data"
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
+        _refuse_collate_fn(collate_fn, "arrays and tensors")
         length = len(tensors[0])
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
@@ -237,19 +239,20 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
                                 inputs_only=y is None and (several_inputs(x) or names is not None))
         return _mark_sharded(batches, train, strategy)
     if isinstance(x, DataLoader):
+        _refuse_collate_fn(collate_fn, "a DataLoader")
         batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source, float_dtype)
         return _mark_sharded(batches, train or not replace_sampler, strategy)
     if isinstance(x, IterableDataset):
-        _warn_iterable_not_sharded(strategy)
-        return LoaderBatches(DataLoader(x, batch_size=batch_size, num_workers=num_workers), device, source,
-                             float_dtype)
-    if isinstance(x, Dataset):
+        loader = DataLoader(shard_iterable(x, strategy, train), batch_size=batch_size, num_workers=num_workers,
+                            collate_fn=collate_fn or collate_samples)
+        return LoaderBatches(loader, device, source, float_dtype)
+    if isinstance(x, Dataset) or is_map_style(x):   # a torch Dataset, a datasets.Dataset, a list of sample dicts
         length = _dataset_length(x, "a Dataset")
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
-        loader = DataLoader(x, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                            pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+        loader = map_style_loader(x, batch_size, sampler, collate_fn, num_workers, device)
         return _mark_sharded(LoaderBatches(loader, device, source, float_dtype), train, strategy)
+    _refuse_collate_fn(collate_fn, "an iterable of batches")
     if strategy.world_size > 1:
         _warn_iterable_not_sharded(strategy)
     return LoaderBatches(x, device, source, float_dtype)
@@ -265,6 +268,26 @@ def check_not_empty(length: int) -> None:
     """Refuse data of 0 samples, saying so."""
     if length == 0:
         raise ValueError("the data is empty (0 samples); pass at least one sample")
+
+
+def _refuse_collate_fn(collate_fn, what: str) -> None:
+    if collate_fn is not None:
+        raise ValueError(f"collate_fn collates the samples of data easyfit batches itself (a Dataset, a Hugging Face "
+                         f"dataset, a list of sample dicts), but the data is {what}, whose batches are made "
+                         "elsewhere: give the collator to your DataLoader instead, or pass the dataset itself.")
+
+
+def shard_iterable(dataset: IterableDataset, strategy, train: bool) -> IterableDataset:
+    """A Hugging Face IterableDataset split between the processes of a fit (`datasets.distributed.
+    split_dataset_by_node`: each process reads its share); another iterable dataset, or evaluation data (whose
+    outputs predict returns in order), is read whole by every process, with a warning."""
+    if strategy.world_size == 1:
+        return dataset
+    if train and type(dataset).__module__.startswith("datasets."):
+        from datasets.distributed import split_dataset_by_node
+        return split_dataset_by_node(dataset, rank=strategy.global_rank, world_size=strategy.world_size)
+    _warn_iterable_not_sharded(strategy)
+    return dataset
 
 
 def _warn_iterable_not_sharded(strategy) -> None:

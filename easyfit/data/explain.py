@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from easyfit.data.batches import TensorBatches
 from easyfit.data.contents import batch_length
+from easyfit.parts.outputs import prediction
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -77,8 +78,9 @@ def _output_in_words(output) -> str:
 
 def check_output_kind(output, loss_fn, metrics) -> None:
     """A net that returns a tuple (an LSTM's (out, (h, c)), auxiliary outputs) to a torch loss or to metrics, which
-    take one tensor: say what came back and how to pick the output."""
-    if isinstance(output, torch.Tensor):
+    take one tensor: say what came back and how to pick the output. A structured output's prediction (its `logits`:
+    easyfit.parts.outputs) is one tensor."""
+    if isinstance(prediction(output), torch.Tensor):
         return
     loss = getattr(loss_fn, "loss_fn", loss_fn)   # a sample-weighted loss wraps the user's
     takers = ([f"the loss {type(loss).__name__}"] if isinstance(loss, nn.modules.loss._Loss) else []) + \

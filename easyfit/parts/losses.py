@@ -8,25 +8,50 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from easyfit.parts.outputs import ModelLoss, prediction
 from easyfit.utils.checks import closest_name
 
+
+def _taking_predictions(loss_class: type) -> type:
+    """`loss_class` (a torch loss) called on the prediction in the net's output: a tensor as it is, the `logits` of
+    a transformers ModelOutput, a dict or a named tuple (easyfit.parts.outputs). The class keeps its name and is a
+    subclass, so every check that knows the torch loss knows it; it lives in this module, so it pickles."""
+    def forward(self, output, target):
+        return loss_class.forward(self, prediction(output), target)
+    taking = type(loss_class.__name__, (loss_class,), {"forward": forward, "__module__": __name__,
+                                                       "__qualname__": f"NAMED.{loss_class.__name__}"})
+    setattr(NAMED, loss_class.__name__, taking)
+    return taking
+
+
+class NAMED:
+    """The torch losses easyfit builds by name, each taking the prediction in a structured output."""
+
+
+_CE, _NLL, _MSE, _L1, _BCE, _BCE_LOGITS, _HUBER, _SMOOTH_L1, _KL, _POISSON, _HINGE = map(_taking_predictions, (
+    nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss, nn.L1Loss, nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss,
+    nn.SmoothL1Loss, nn.KLDivLoss, nn.PoissonNLLLoss, nn.HingeEmbeddingLoss))
+
+#: loss="model": the net's own loss (easyfit.parts.outputs.ModelLoss)
+MODEL = "model"
 LOSSES: dict[str, Callable[[], nn.Module]] = {
-    "cross_entropy": nn.CrossEntropyLoss,
-    "categorical_crossentropy": nn.CrossEntropyLoss,
-    "nll": nn.NLLLoss,
-    "mse": nn.MSELoss,
-    "mean_squared_error": nn.MSELoss,
-    "l1": nn.L1Loss,
-    "mae": nn.L1Loss,
-    "mean_absolute_error": nn.L1Loss,
-    "bce": nn.BCELoss,
-    "binary_crossentropy": nn.BCELoss,
-    "bce_with_logits": nn.BCEWithLogitsLoss,
-    "huber": nn.HuberLoss,
-    "smooth_l1": nn.SmoothL1Loss,
-    "kl_div": lambda: nn.KLDivLoss(reduction="batchmean"),
-    "poisson_nll": nn.PoissonNLLLoss,
-    "hinge_embedding": nn.HingeEmbeddingLoss,
+    "cross_entropy": _CE,
+    "categorical_crossentropy": _CE,
+    "nll": _NLL,
+    "mse": _MSE,
+    "mean_squared_error": _MSE,
+    "l1": _L1,
+    "mae": _L1,
+    "mean_absolute_error": _L1,
+    "bce": _BCE,
+    "binary_crossentropy": _BCE,
+    "bce_with_logits": _BCE_LOGITS,
+    "huber": _HUBER,
+    "smooth_l1": _SMOOTH_L1,
+    "kl_div": lambda: _KL(reduction="batchmean"),
+    "poisson_nll": _POISSON,
+    "hinge_embedding": _HINGE,
+    MODEL: ModelLoss,
 }
 CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
@@ -43,7 +68,9 @@ OUTPUT_KINDS = {
 
 def output_kind(loss_fn) -> str | None:
     """Whether the loss reads the net's outputs as logits, probabilities or log-probabilities; None when it is a
-    loss easyfit does not know."""
+    loss easyfit does not know. A net's own loss (loss="model") gives logits, as transformers models do."""
+    if isinstance(loss_fn, ModelLoss):
+        return "logits"
     for kind, (classes, functions) in OUTPUT_KINDS.items():
         if isinstance(loss_fn, classes) or any(loss_fn is function for function in functions):
             return kind
@@ -51,12 +78,17 @@ def output_kind(loss_fn) -> str | None:
 
 
 def resolve_loss(loss) -> Callable:
-    """A loss name, an nn.Module or a callable `(output, target) -> scalar tensor`."""
+    """A loss name ("model": the net's own), an nn.Module or a callable `(output, target) -> scalar tensor`."""
+    if loss is None:
+        raise TypeError("loss=None: easyfit needs a loss to train on. For a net that computes its own loss (a "
+                        "transformers model given labels=), pass loss='model'; otherwise a name such as "
+                        "'cross_entropy', an nn.Module or a callable (output, target) -> tensor.")
     if isinstance(loss, str):
         key = loss.lower()
         if key not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}.{closest_name(key, LOSSES)} "
-                             f"Valid names: {', '.join(sorted(LOSSES))}; or pass an nn.Module or a callable.")
+                             f"Valid names: {', '.join(sorted(LOSSES))} ('model': the loss the net returns itself); "
+                             "or pass an nn.Module or a callable.")
         return LOSSES[key]()
     if isinstance(loss, type):
         raise TypeError(f"loss={loss.__name__} is a class; pass an instance, loss={loss.__name__}(), "

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, OUTPUTS, output_kind
+from easyfit.parts.outputs import prediction
 from easyfit.utils.checks import closest_name
 
 #: the named metrics take up to this many batches (and this many output elements) in one update: a torchmetrics
@@ -176,6 +177,7 @@ class MetricSet:
 
     def build(self, output: torch.Tensor, target: torch.Tensor) -> None:
         """Create the named metrics for this task, on the output's device (first batch only)."""
+        output = prediction(output)
         classification = [name for name, key in self.pending.items() if METRICS[key].classification]
         task = infer_task(output, target, self.loss_fn) if classification else Task("regression", 0, OUTPUTS[0], False)
         if task.name == "binary" and target.numel() and not bool(((target == 0) | (target == 1)).all()):
@@ -216,7 +218,9 @@ class MetricSet:
 
     def update(self, output: torch.Tensor, target: torch.Tensor) -> None:
         """Take a batch: the user's own metric objects at once; easyfit's named metrics, whose states add up over
-        samples, with the batches after it in one update (`flush`), except the first, whose errors show in its step."""
+        samples, with the batches after it in one update (`flush`), except the first, whose errors show in its step.
+        A structured output (a ModelOutput, a dict) gives its prediction (easyfit.parts.outputs)."""
+        output = prediction(output)
         if self.pending:
             self.build(output, target)
             self._update(output, target, self.own + self.named_raw, self.classified)

@@ -1,6 +1,7 @@
 """Optimizers by name, instance or factory; an instance must optimize the net's own parameters."""
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -22,8 +23,11 @@ OPTIMIZERS: dict[str, tuple[type, float]] = {
 }
 
 
-def optimizer_factory(optimizer, lr: float | None = None) -> Callable[[list], torch.optim.Optimizer]:
-    """A function `params -> Optimizer` from a name or a factory."""
+def optimizer_factory(optimizer, lr: float | None = None,
+                      options: dict | None = None) -> Callable[[list], torch.optim.Optimizer]:
+    """A function `params -> Optimizer` from a name (with its `options`: momentum=, weight_decay=, betas=, ...) or a
+    factory."""
+    options = options or {}
     if isinstance(optimizer, str):
         key = optimizer.lower()
         if key not in OPTIMIZERS:
@@ -31,19 +35,36 @@ def optimizer_factory(optimizer, lr: float | None = None) -> Callable[[list], to
                              f"Valid names: {', '.join(sorted(OPTIMIZERS))}; or pass an optimizer instance "
                              "or a factory params -> Optimizer.")
         cls, default_lr = OPTIMIZERS[key]
-        return lambda params: cls(params, lr=default_lr if lr is None else lr)
+        check_optimizer_options(cls, options, ("lr", "scheduler", "scheduler_interval", "loss", "metrics"))
+        return lambda params: cls(params, lr=default_lr if lr is None else lr, **options)
+    if options:
+        raise ValueError(f"the optimizer option(s) {', '.join(sorted(options))} apply only to an optimizer given by "
+                         f"name (e.g. optimizer='sgd', momentum=0.9); this one ({type(optimizer).__name__}) is built "
+                         "already: set them where it is built.")
     if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
     raise TypeError(f"optimizer must be a name, a torch.optim.Optimizer or a factory params -> Optimizer; "
                     f"got {type(optimizer).__name__}")
 
 
-def build_optimizer(optimizer, net: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
-    """The optimizer for `net`: an instance is checked, a name or factory is called on net.parameters()."""
-    if isinstance(optimizer, torch.optim.Optimizer):
+def check_optimizer_options(cls: type, options: dict, others: tuple[str, ...] = ()) -> None:
+    """Refuse an option the optimizer class does not take, naming the closest one it does (or one of `others`, the
+    caller's own keywords, for a misspelt one of those)."""
+    taken = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "params", "lr")]
+    for name in options:
+        if name not in taken:
+            raise TypeError(f"{cls.__name__} takes no option {name!r}.{closest_name(name, [*taken, *others])} "
+                            f"Its options: {', '.join(taken)}.")
+
+
+def build_optimizer(optimizer, net: nn.Module, lr: float | None = None,
+                    options: dict | None = None) -> torch.optim.Optimizer:
+    """The optimizer for `net`: an instance is checked, a name (with its `options`) or a factory is called on
+    net.parameters()."""
+    if isinstance(optimizer, torch.optim.Optimizer) and not options:
         check_optimizer_owns(optimizer, net)
         return optimizer
-    built = optimizer_factory(optimizer, lr)(net.parameters())
+    built = optimizer_factory(optimizer, lr, options)(net.parameters())
     if not isinstance(built, torch.optim.Optimizer):
         raise TypeError(f"the optimizer factory returned {type(built).__name__}, not a torch.optim.Optimizer")
     check_optimizer_owns(built, net)

@@ -74,6 +74,7 @@ def saved_arguments(state: dict, path, net, loss, optimizer, metrics, keywords: 
     if optimizer is None and spec.get("param_groups"):   # rebuilt in the saved groups; their settings load next
         optimizer = optimizer_factory(spec["optimizer"])(grouped_parameters(net, spec["param_groups"]))
     lr = keywords.pop("lr", spec.get("lr") if optimizer is None else None)
+    options = spec.get("optimizer_options") or {} if optimizer is None else {}   # momentum=, ... of a name
     arguments = (loss if loss is not None else spec["loss"], optimizer if optimizer is not None else spec["optimizer"],
                  metrics if metrics is not None else spec.get("metrics"))
-    return arguments, {"lr": lr, **keywords}
+    return arguments, {"lr": lr, **options, **keywords}

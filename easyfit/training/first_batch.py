@@ -33,6 +33,7 @@ from easyfit.data.explain import (
     float_dtype,
 )
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
+from easyfit.parts.outputs import prediction
 from easyfit.training.loop import _eval_mode, call_net
 from easyfit.utils.tensors import map_tensors
 
@@ -113,6 +114,7 @@ class FirstStep:
                              "or dicts with a 'y' / 'target' / 'label' key")
         metrics = self.model.metrics
         check_output_kind(output, loss_fn, metrics)
+        output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
         if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
             target = self.class_targets(output, target, loss_fn)
             check_targets(loss_fn, output, target)
@@ -193,6 +195,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     if output is None:   # this rank holds no outputs (a pipeline's earlier stage): the last stage checks them
         return
     check_output_kind(output, model.loss_fn, model.metrics)
+    output = prediction(output)
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
         check_targets(model.loss_fn, output, step.class_targets(output, target, model.loss_fn))
 

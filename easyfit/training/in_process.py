@@ -10,10 +10,12 @@ from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.data.batches import batch_count, make_batches, split_validation
+from easyfit.data.model_targets import targets_in_forward
 from easyfit.data.steps import limit_steps
 from easyfit.data.weights import validation_weight, weigh_batches
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
+from easyfit.parts.outputs import ModelLoss
 from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
@@ -29,17 +31,21 @@ def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History
         if validation_data is not None:
             raise ValueError("pass either validation_data or validation_split, not both")
         (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
-    train = make_batches(x, y, batch_size=options.batch_size, strategy=strategy, train=True,
-                         shuffle=options.shuffle, seed=options.seed, num_workers=run.num_workers,
-                         replace_sampler=run.replace_sampler, float_dtype=precision.float_dtype)
+    loss_fn = weighted_loss = model.loss_fn
+    train = targets_in_forward(make_batches(
+        x, y, batch_size=options.batch_size, strategy=strategy, train=True, shuffle=options.shuffle,
+        seed=options.seed, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+        float_dtype=precision.float_dtype, collate_fn=run.collate_fn), model.net, loss_fn)
     val = None
     if validation_data is not None:
-        val = make_batches(*_as_pair(validation_data),
-                           batch_size=options.validation_batch_size or options.batch_size, strategy=strategy,
-                           train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=precision.float_dtype)
-    loss_fn = weighted_loss = model.loss_fn
+        val = targets_in_forward(make_batches(
+            *_as_pair(validation_data), batch_size=options.validation_batch_size or options.batch_size,
+            strategy=strategy, train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+            float_dtype=precision.float_dtype, collate_fn=run.collate_fn), model.net, loss_fn)
     if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
+        if isinstance(loss_fn, ModelLoss):
+            raise ValueError("sample and class weights weigh each sample's loss, but loss='model' trains on the one "
+                             "loss the net returns for the batch; weigh inside the net, or pass a loss by name")
         train, val, weighted_loss = weigh_batches(loss_fn, train, val, options.sample_weight,
                                                   options.class_weight, val_weight, bool(options.validation_split))
     train = limit_steps(train, options.steps_per_epoch, "training")
@@ -145,9 +151,10 @@ def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
 
 
 def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
-    batches = make_batches(x, y, batch_size=batch_size, strategy=model.strategy, train=False,
-                           num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=model._precision.float_dtype)
+    batches = targets_in_forward(make_batches(
+        x, y, batch_size=batch_size, strategy=model.strategy, train=False, num_workers=run.num_workers,
+        replace_sampler=run.replace_sampler, float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn),
+        model.net, model.loss_fn)
     loop = eval_loop(model, verbose, callbacks)
     prepare(model, model.strategy.module_for_eval(model.net), batches, "the evaluation data")
     return loop.evaluate(batches)
@@ -157,7 +164,7 @@ def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: i
     strategy = model.strategy
     batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
                            num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=model._precision.float_dtype)
+                           float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn)
     loop = eval_loop(model, verbose, callbacks)
     prepare(model, model.strategy.module_for_eval(model.net), batches, "the data", targets=False)
     outputs = loop.predict(batches)

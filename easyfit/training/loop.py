@@ -14,6 +14,7 @@ from easyfit.data.batches import batch_count, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.metrics import MetricSet
+from easyfit.parts.outputs import prediction
 from easyfit.parts.precision import Precision
 from easyfit.training.lockstep import in_lockstep
 from easyfit.training.tracking import BatchLogs, LossTracker
@@ -300,6 +301,7 @@ class Loop:
                 output = self.strategy.evaluation_step(net, inputs, None, run, precision)[0]
                 if first_step is not None:
                     first_step = batches.first_step = None
+                output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
                 if output is not None:   # None: this rank holds no outputs (see evaluation_step)
                     outputs.append(on_cpu(output))
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})

@@ -30,6 +30,7 @@ class RunOptions:
     num_workers: int = 0
     replace_sampler: bool = True
     compile: Any = False   # True, a torch.compile mode or a dict of its options: see easyfit.training.compiling
+    collate_fn: Any = None   # collates the samples of data easyfit batches itself (a padding collator)
 
 
 @dataclass
@@ -73,6 +74,8 @@ RUN_OPTIONS_DOC = """
             process_group_backend: "nccl", "gloo", ...; None (default): nccl on CUDA, gloo otherwise.
             num_workers: DataLoader workers for in-memory data and datasets (default 0).
             replace_sampler: give a DataLoader's own sampler each process's share (default True).
+            collate_fn: makes a batch of samples of a dataset easyfit batches itself, e.g. transformers'
+                DataCollatorWithPadding(tokenizer); None (default): stacked, numbers and lists as tensors.
 """
 
 

@@ -1,0 +1,80 @@
+"""Map-style data by protocol: anything with `__len__` and `__getitem__` (a torch Dataset, a Hugging Face
+`datasets.Dataset`, a list of sample dicts) is sampled and batched by easyfit, fetched one batch per call where the
+data has `__getitems__` (torch's DataLoader uses it: Hugging Face's columnar fetch); and the samples' collation."""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import default_collate
+
+
+def is_map_style(x: Any) -> bool:
+    """Whether easyfit samples and batches `x` itself: it has a length and takes an index. Arrays, tensors, strings
+    and dicts are not (arrays are batched by indexing, a dict holds named inputs); a list or tuple is when it holds
+    sample dicts (else it is a list of batches, iterated as it is: see `is_sample`)."""
+    if isinstance(x, (str, bytes, Mapping, torch.Tensor, np.ndarray, DataLoader, IterableDataset)) or \
+            hasattr(x, "__array__"):
+        return False
+    if not (hasattr(x, "__len__") and hasattr(x, "__getitem__")):
+        return False
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(isinstance(item, Mapping) for item in x[:2]) and is_sample(x[0])
+    return True
+
+
+def is_sample(item: Mapping) -> bool:
+    """Whether a dict is one sample rather than a batch: a batch holds only tensors or arrays with a first
+    dimension, all of one length; a sample holds a number, a 0-dim tensor, a list or a string somewhere, or
+    tensors of different lengths (a dict of tensors of one length is read as a batch)."""
+    lengths = set()
+    for value in item.values():
+        if not (isinstance(value, torch.Tensor) or isinstance(value, np.ndarray)) or value.ndim == 0:
+            return True
+        lengths.add(value.shape[0])
+    return len(lengths) > 1
+
+
+def map_style_loader(dataset: Any, batch_size: int, sampler, collate_fn: Callable | None, num_workers: int,
+                     device: torch.device) -> DataLoader:
+    """A DataLoader over map-style data, with easyfit's sampler (each process's share) and the user's collator or
+    `collate_samples`."""
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                      collate_fn=collate_fn or collate_samples, pin_memory=device.type == "cuda",
+                      persistent_workers=num_workers > 0)
+
+
+def collate_samples(samples: list) -> Any:
+    """torch's default collation, after the numbers and lists of numbers in each sample (what an unformatted
+    Hugging Face dataset gives) became tensors; samples of different lengths are explained."""
+    try:
+        return default_collate([_numbers_as_tensors(sample) for sample in samples])
+    except RuntimeError as error:
+        if "stack expects each tensor to be equal size" not in str(error):
+            raise
+        raise ValueError(f"the samples of a batch have different lengths ({error}), so they cannot be stacked into "
+                         "one tensor. Pad them: pass a collator, e.g. fit(..., collate_fn=transformers."
+                         "DataCollatorWithPadding(tokenizer)), or give every sample one length.") from None
+
+
+def _numbers_as_tensors(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _numbers_as_tensors(item) for key, item in value.items()}
+    if isinstance(value, list) and _numbers(value):
+        return torch.tensor(value)
+    if isinstance(value, tuple):
+        return tuple(_numbers_as_tensors(item) for item in value)
+    return value
+
+
+def _numbers(values: list) -> bool:
+    """A (nested) list of numbers, judged by its first elements."""
+    while isinstance(values, list):
+        if not values:
+            return False
+        values = values[0]
+    return isinstance(values, numbers.Number)
