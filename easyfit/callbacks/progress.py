@@ -95,7 +95,8 @@ class ProgressBar(EpochSummary):
         now = time.monotonic()
         if logs is not None and now - self.last_refresh >= self.refresh_seconds:
             self.last_refresh = now
-            bar.set_postfix_str(f"loss: {logs['loss']:.4f}", refresh=False)
+            bar.set_postfix_str(format_logs({key: logs.get(key) for key in logs if key not in ("batch_loss", "size")}),
+                                refresh=False)
 
     def _close(self, logs: dict | None) -> None:
         """The bar's final line with every value at its end, or, when that line would be wider than the terminal,

@@ -278,6 +278,22 @@ class MetricSet:
                     values[name] = float(metric.compute())
         return values
 
+    def running(self, name: str) -> float | None:
+        """Metric `name` over this process's batches so far (batch logs read it: the waiting batches are taken
+        then, and nothing is synchronised); None when it has no value yet."""
+        metric = self.metrics.get(name)
+        if metric is None:
+            return None
+        self.flush()
+        if not metric.update_called:
+            return None
+        available = metric.distributed_available_fn
+        metric.distributed_available_fn = _never
+        try:
+            return float(metric.compute())
+        finally:   # torchmetrics keeps a computed value until the next update: the epoch's own compute must sync
+            metric.distributed_available_fn, metric._computed = available, None
+
     def reset(self) -> None:
         self.waiting, self.waiting_elements = [], 0
         for metric in self.metrics.values():

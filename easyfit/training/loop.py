@@ -176,7 +176,7 @@ class Loop:
         return self._agreed_to_stop() if run.agree_per_step else self.model.stop_training
 
     def _loss_tracker(self) -> LossTracker:
-        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY)
+        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY, self.metrics)
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""

@@ -11,8 +11,9 @@ class LossTracker:
 
     FOLD_EVERY = 1024
 
-    def __init__(self, fold_every: int = FOLD_EVERY):
+    def __init__(self, fold_every: int = FOLD_EVERY, metrics=None):
         self.fold_every = fold_every
+        self.metrics = metrics   # the epoch's MetricSet, whose running values the batch logs read
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
         self.folded_sum: torch.Tensor | float = 0.0
@@ -58,7 +59,10 @@ class LossTracker:
 
 
 class BatchLogs(Mapping):
-    """Per-batch logs for callbacks: {"loss", "batch_loss", "size"}, computed only when read."""
+    """Per-batch logs for callbacks: {"loss", "batch_loss", "size"} and the running value of each metric over the
+    epoch's batches so far on this process (as Keras' batch logs), each computed only when read."""
+
+    FIXED = ("loss", "batch_loss", "size")
 
     def __init__(self, tracker: LossTracker, loss: torch.Tensor, size: int):
         self.tracker, self.loss, self.size = tracker, loss, size
@@ -70,10 +74,14 @@ class BatchLogs(Mapping):
             return self.size
         if key == "loss":
             return self.tracker.local_mean()
-        raise KeyError(key)
+        value = None if self.tracker.metrics is None else self.tracker.metrics.running(key)
+        if value is None:
+            raise KeyError(key)
+        return value
 
     def __iter__(self):
-        return iter(("loss", "batch_loss", "size"))
+        metrics = self.tracker.metrics
+        return iter((*self.FIXED, *(metrics.names if metrics else ())))
 
     def __len__(self) -> int:
-        return 3
+        return len(self.FIXED) + len(self.tracker.metrics.names if self.tracker.metrics else ())
