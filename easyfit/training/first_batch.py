@@ -52,7 +52,7 @@ def prepare(model, eval_net: nn.Module, batches, source: str, training: bool = F
     """Conform in-memory data to the net evaluation runs (`strategy.module_for_eval`'s) and give `batches` the
     `FirstStep` the loop runs as its first batch."""
     precision = model.precision
-    data = _source(batches)
+    data = batch_source(batches)
     if isinstance(data, TensorBatches):
         _conform_floats(data, _data_dtype(eval_net, precision))
         if targets:
@@ -75,17 +75,17 @@ class FirstStep:
             output = self._forward(net, inputs)
         except Exception:
             if self.training:   # a first batch of one into BatchNorm raises in torch: say why and what to do
-                check_batch_of_one(_source(self.batches), norms, self.source)
+                check_batch_of_one(batch_source(self.batches), norms, self.source)
             raise
         finally:
             for hook in hooks:
                 hook.remove()
         if self.training:
-            check_batch_of_one(_source(self.batches), norms, self.source)
+            check_batch_of_one(batch_source(self.batches), norms, self.source)
         return output
 
     def _forward(self, net: nn.Module, inputs):
-        data, precision = _source(self.batches), self.model.precision
+        data, precision = batch_source(self.batches), self.model.precision
         try:
             return call_net(net, inputs)
         except (RuntimeError, TypeError) as error:
@@ -118,7 +118,7 @@ class FirstStep:
         if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
             target = self.class_targets(output, target, loss_fn)
             check_targets(loss_fn, output, target)
-            data = _source(self.batches)
+            data = batch_source(self.batches)
             if isinstance(data, TensorBatches) and _is_class_index(loss_fn, target) and output.dim() >= 2:
                 check_class_range(loss_fn, output.shape[1], data.tensors[_target_index(data)])   # every label
             if metrics.pending:
@@ -126,7 +126,7 @@ class FirstStep:
         return target
 
     def class_targets(self, output: torch.Tensor, target: torch.Tensor, loss_fn) -> torch.Tensor:
-        data = _source(self.batches)
+        data = batch_source(self.batches)
         if target.dtype == torch.bool and isinstance(loss_fn, BINARY_LOSSES):   # 0/1 flags as the loss's floats
             data.target_dtype = output.dtype if output.is_floating_point() else torch.float32
             return target.to(data.target_dtype)
@@ -143,7 +143,7 @@ class FirstStep:
         return target
 
 
-def _source(batches):
+def batch_source(batches):
     """The batch source under step limits and sample weights (which keep the batches' form)."""
     while hasattr(batches, "batches") and not isinstance(batches, TensorBatches):
         batches = batches.batches
@@ -177,7 +177,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     """The validation data's first batch (when it can be read ahead) through `net`, the net evaluation runs: targets
     present, inputs the net takes, targets the loss takes. One forward pass in eval mode, without gradients, on a
     copy of the RNG state."""
-    data = _source(val)
+    data = batch_source(val)
     batch = peek_first_batch(data)
     if batch is None:
         return

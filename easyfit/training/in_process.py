@@ -18,7 +18,7 @@ from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_lea
 from easyfit.parts.outputs import ModelLoss
 from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
-from easyfit.training.first_batch import prepare, prepare_fit_data
+from easyfit.training.first_batch import batch_source, prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.training.options import FitOptions, RunOptions
 
@@ -76,7 +76,8 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
     with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
         model._lr_multiplier = multiplier
         model.history = History()
-        params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train))
+        params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train),
+                            getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
         run = fault_tolerance.plan(options.fault_tolerance,
                                    options.max_restarts if strategy.launcher is not None else 0, strategy)
@@ -128,17 +129,20 @@ def warmup_for(options: FitOptions, train, optimizer, multiplier: float, initial
 
 
 def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
-               steps_per_epoch: int | None) -> dict:
+               steps_per_epoch: int | None, batch_size: int | None = None) -> dict:
+    """The fit's params for the callbacks (Keras' `self.params`); `batch_size`: the per-process batch of the data
+    when it says (a DataLoader used as given), else fit's."""
+    batch_size = batch_size or options.batch_size
     return {
-        "epochs": options.epochs, "batch_size": options.batch_size, "verbose": options.verbose,
+        "epochs": options.epochs, "batch_size": batch_size, "verbose": options.verbose,
         "validation_freq": options.validation_freq,
         "validation": options.validation_data is not None or bool(options.validation_split),
         "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
-        "effective_batch_size": options.batch_size * strategy.batch_factor,
+        "effective_batch_size": batch_size * strategy.batch_factor,
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
         "strategy": strategy.name, "precision": model._precision.name,
-        "summary": describe(options.batch_size, strategy, options.lr_scaling, optimizer, multiplier),
+        "summary": describe(batch_size, strategy, options.lr_scaling, optimizer, multiplier),
     }
 
 
