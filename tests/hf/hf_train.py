@@ -1,0 +1,37 @@
+"""Tiny Hugging Face models trained by one easyfit fit with loss="model" on a `datasets.Dataset`, as a real program
+on several processes.
+
+Usage: python hf_train.py OUT_DIR STRATEGY CASE[,CASE...]   (CASE: bert, gpt2)
+Rank 0 writes OUT_DIR/result.pt: {case: weights, history, evaluate() scores, predict() logits}.
+"""
+import os
+import sys
+
+import torch
+
+import easyfit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import LR, dataset, make_net
+
+
+def main() -> None:
+    out, strategy, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    torch.set_num_threads(1)
+    run = dict(devices=2, accelerator="cpu", strategy=strategy)
+    results = {}
+    for case in cases:
+        net, data = make_net(case), dataset(case)
+        model = easyfit.Model(net, "model", "sgd", lr=LR, metrics=["accuracy"] if case == "bert" else None)
+        history = model.fit(data, batch_size=8, epochs=2, shuffle=False, verbose=0, lr_scaling=None, **run)
+        scores = model.evaluate(data, batch_size=8, verbose=0, return_dict=True, **run)
+        predictions = model.predict(data, batch_size=8, **run)
+        results[case] = {"state": {key: value.clone() for key, value in net.state_dict().items()},
+                         "history": history.history, "scores": scores, "predictions": predictions,
+                         "world_size": history.params["world_size"]}
+    if model.is_global_zero:
+        torch.save(results, os.path.join(out, "result.pt"))
+
+
+if __name__ == "__main__":
+    main()
