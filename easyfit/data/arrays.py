@@ -3,6 +3,7 @@ numbers, and the numpy arrays inside the batches of an iterable."""
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -64,14 +65,14 @@ def _frame_to_numpy(frame: Any, name: str):
 
 
 def batch_to_device(batch: Any, device: torch.device, float_dtype: torch.dtype = torch.float32) -> Any:
-    """A (nested) tuple / list / dict batch with its tensors on `device`, and its numpy arrays and pandas objects
-    turned into tensors there first (float64 as `float_dtype`, as fit does for arrays). A tensor costs what moving
-    it costs: nothing when it is on the device already."""
+    """A (nested) tuple / list / dict (or other mapping: a dict after) batch with its tensors on `device`, and its
+    numpy arrays and pandas objects turned into tensors there first (float64 as `float_dtype`, as fit does for
+    arrays). A tensor costs what moving it costs: nothing when it is on the device already."""
     if isinstance(batch, torch.Tensor):
         return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, (tuple, list)):
         return type(batch)(batch_to_device(item, device, float_dtype) for item in batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):   # a dict, or a mapping such as transformers' BatchEncoding: a dict from here on
         return {key: batch_to_device(value, device, float_dtype) for key, value in batch.items()}
     if isinstance(batch, np.ndarray) or type(batch).__name__ in ("DataFrame", "Series"):
         return as_tensor(batch, "a batch", float_dtype).to(device)
