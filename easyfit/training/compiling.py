@@ -58,15 +58,18 @@ def forward_loss(net, loss_fn: Callable | None, inputs, target):
 def compile_arguments(settings: dict, extra: dict) -> dict:
     """torch.compile's keyword arguments from fit's settings, with `extra` inductor options (and a mode given as
     the options it stands for: torch.compile takes a mode or options, not both). With inductor, random layers
-    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly, and CPU matrix products go to
-    oneDNN where it is faster here (easyfit.training.onednn_matmul)."""
+    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly (each mask one eager call:
+    easyfit.training.eager_random), and CPU matrix products go to oneDNN where it is faster here
+    (easyfit.training.onednn_matmul)."""
     arguments = {key: value for key, value in settings.items() if key not in ("mode", "options")}
-    options = {key: value for key, value in extra.items() if key == "guard_filter_fn"}
+    options = {}
     if settings.get("backend", "inductor") == "inductor":
         from torch._inductor import list_mode_options
 
         from easyfit.training import onednn_matmul
-        options.update({**list_mode_options(settings.get("mode") or "default"), "fallback_random": True, **extra})
+        from easyfit.training.eager_random import EagerMasks
+        options.update({**list_mode_options(settings.get("mode") or "default"), "fallback_random": True,
+                        "post_grad_custom_pre_pass": EagerMasks(), **extra})
         if onednn_matmul.available():
             options["post_grad_custom_post_pass"] = onednn_matmul.OneDnnMatmuls()
     elif settings.get("mode") is not None:
@@ -220,7 +223,7 @@ class CompiledSteps:
         loss = getattr(loop.loss_fn, "loss_fn", loop.loss_fn)   # a fit with weights wraps the Model's loss anew
         programs = self._cached(("programs", id(loop.net), id(loop.optimizer), id(loss), repr(settings)), dict)
         device = loop.strategy.root_device
-        extra = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        extra = {}
         if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
             # the kernels called from C++, not from Python: 7 µs less per call, but its matrix products are slower
             # (W2's step: 14.5 ms against 12.5), so only where calls cost more than arithmetic

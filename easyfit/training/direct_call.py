@@ -1,9 +1,13 @@
-"""A whole-step program called straight through its compiled graph after its first call.
+"""A whole-step program called straight through its compiled graph once torch.compile's guards pass.
 
 torch.compile's entry (its frame hook and the bytecode that gathers the graph's inputs) costs about 14 µs a call on
-a CPU, a fifth of a small net's step. A program's guards are dropped anyway (functional_step.ProgramKey stands for
-them), so once its first call through torch.compile has traced and compiled it, the compiled graph is called
+a CPU, a fifth of a small net's step. Once a program's first call through torch.compile has traced and compiled
+it, each call checks that graph's guards itself (the guard manager torch.compile built for it: module attributes
+the forward reads, `training` flags, `requires_grad`, the tensors' shapes, ...) and then calls the compiled graph
 directly, its inputs gathered by their names: `l_params_0_` is `params[0]`, `l_state_0_1_2_` is `state[0][1][2]`.
+When no graph's guards pass (a callback changed an attribute the forward reads), the call goes through
+torch.compile, which compiles a graph for the new values (up to its recompile limit, then it runs the step
+eagerly, and torch says so); the new graph is called directly from then on.
 A graph with an input of another name (a tensor the net holds besides its parameters and buffers), or with
 other outputs than the stacked losses and one tensor per step (the net's outputs, kept for metrics, in step order),
 keeps calling through torch.compile.
@@ -14,15 +18,21 @@ import re
 from typing import Callable
 
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 #: the program's arguments, in order (functional_step.make_program)
 ARGUMENTS = ("net", "loss_fn", "params", "buffers", "grads", "state", "inputs", "targets", "weights", "rates")
+#: the arguments that hold the program's tensors
+TENSOR_ARGUMENTS = ARGUMENTS[2:]
+#: globals of torch's own modules and Python's builtins, as torch.compile's guards name them
+FIXED_GLOBALS = ("G['__import_torch", "G['__builtins_dict", "__import__('torch')")
+GLOBAL_ROOT = re.compile(r"G\['[^']*'\]")
 PLACEHOLDER = re.compile(r"l_(params|buffers|grads|state|inputs|targets|weights|rates)((?:_\d+)*)_")
 
 
 def backend_for(settings: dict) -> Callable:
     """The compiler torch.compile builds from fit's settings (compiling.compile_arguments), as a callable."""
-    options = {key: value for key, value in (settings.get("options") or {}).items() if key != "guard_filter_fn"}
+    options = settings.get("options") or {}
     backend = settings.get("backend", "inductor")
     if backend == "inductor":
         return torch._TorchCompileInductorWrapper(None, options, False)
@@ -30,15 +40,19 @@ def backend_for(settings: dict) -> Callable:
 
 
 class DirectProgram:
-    """`function` compiled with `settings` (torch.compile's arguments), called through torch.compile once and then,
-    where its graph allows it, directly."""
+    """`function` compiled with `settings` (torch.compile's arguments), called through torch.compile until a
+    graph is compiled and then, where its graph allows it and its guards pass, directly."""
 
     def __init__(self, function: Callable, settings: dict, outputs: int):
         self.backend, self.outputs = backend_for(settings), outputs   # outputs: the per-step outputs it returns
-        self.graph = self.paths = self.example = None
-        options = {"guard_filter_fn": (settings.get("options") or {}).get("guard_filter_fn")}
+        self.code = function.__code__
+        cells = function.__closure__ or ()   # the guards read the function's free variables as the frame's locals
+        self.closure = dict(zip(self.code.co_freevars, (cell.cell_contents for cell in cells)))
+        self.direct_calls = 0
+        self.direct: list[tuple] = []   # (guard manager, compiled graph, input paths), the newest first
+        self.captured: tuple | None = None   # (graph, paths, the traced tensors' ids) of the graph just compiled
         self.compiled = torch.compile(function, backend=self._capture, fullgraph=True, dynamic=False,
-                                      options=options if options["guard_filter_fn"] else None)
+                                      options={"guard_filter_fn": guards_to_keep(function)})
 
     def _capture(self, graph_module: torch.fx.GraphModule, example_inputs: list) -> Callable:
         compiled = self.backend(graph_module, example_inputs)
@@ -46,29 +60,59 @@ class DirectProgram:
         outputs = next(node for node in nodes if node.op == "output").args[0]
         matches = [PLACEHOLDER.fullmatch(node.name) for node in nodes if node.op == "placeholder"]
         if all(matches) and _in_step_order(outputs, nodes, self.outputs):
-            self.paths = [(ARGUMENTS.index(match[1]), [int(i) for i in match[2].split("_")[1:]]) for match in matches]
-            self.graph, self.example = compiled, [id(tensor) for tensor in example_inputs]
+            paths = [(ARGUMENTS.index(match[1]), [int(i) for i in match[2].split("_")[1:]]) for match in matches]
+            self.captured = (compiled, paths, [id(tensor) for tensor in example_inputs])
         return compiled
 
     def __call__(self, *args):
-        if self.graph is not None and self.example is None:
-            result = self.graph(*self._gather(args))
-            return result[0], list(result[1:])
+        if self.direct:
+            frame = {**self.closure, **dict(zip(ARGUMENTS, args))}
+            for guards, graph, paths in self.direct:
+                if guards.check(frame):
+                    self.direct_calls += 1
+                    result = graph(*_gather(paths, args))
+                    return result[0], list(result[1:])
         result = self.compiled(*args)
-        if self.example is not None:   # the first call: the names must have found the very tensors traced
-            if [id(tensor) for tensor in self._gather(args)] != self.example:
-                self.graph = None
-            self.example = None
+        if self.captured is not None:   # a graph was compiled: its names must have found the very tensors traced
+            graph, paths, example = self.captured
+            self.captured = None
+            entries = _debug_get_cache_entry_list(self.code)
+            if entries and [id(tensor) for tensor in _gather(paths, args)] == example:
+                self.direct.insert(0, (entries[0].guard_manager, graph, paths))
         return result
 
-    def _gather(self, args: tuple) -> list:
-        flat = []
-        for position, indices in self.paths:
-            value = args[position]
-            for index in indices:
-                value = value[index]
-            flat.append(value)
-        return flat
+
+def guards_to_keep(function: Callable) -> Callable[[list], list[bool]]:
+    """torch.compile's guard filter for a program made by `function`: the guards on what a fit can change (what the
+    forward and the loss read from the net and the loss object, the user's globals, grad mode, ...) are kept; those
+    on what cannot change during a fit are dropped, since each costs its check on every call:
+    - the per-tensor checks on the tensors handed to the program (shapes, strides, `requires_grad` of detached
+      copies): the batches' shapes are the program's key (functional_step.ProgramKey), and the parameters,
+      gradients, buffers and optimizer state are the fit's own tensors, fixed for its length;
+    - torch's own modules and Python's builtins, and the program's own globals and free variables (its key)."""
+    fixed_roots = {f"G['{name}']" for name in function.__globals__} | set(function.__code__.co_freevars)
+
+    def keep(entries: list) -> list[bool]:
+        return [not _fixed(entry, fixed_roots) for entry in entries]
+    return keep
+
+
+def _fixed(entry, fixed_roots: set) -> bool:
+    name = entry.name
+    if entry.guard_type in ("TENSOR_MATCH", "NO_TENSOR_ALIASING") and name.split("[")[0] in TENSOR_ARGUMENTS:
+        return True
+    root = GLOBAL_ROOT.match(name)
+    return name.startswith(FIXED_GLOBALS) or (root[0] if root else name.split("[")[0].split(".")[0]) in fixed_roots
+
+
+def _gather(paths: list, args: tuple) -> list:
+    flat = []
+    for position, indices in paths:
+        value = args[position]
+        for index in indices:
+            value = value[index]
+        flat.append(value)
+    return flat
 
 
 def _in_step_order(outputs, nodes: list, count: int) -> bool:

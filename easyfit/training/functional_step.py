@@ -6,9 +6,10 @@ own functional SGD / Adam / AdamW, so the numbers are the eager step's. The prog
 parameter's `.grad` (added to it inside an accumulation window) and updates parameters and optimizer state in place:
 fixed input buffers mutated in place, which is what a CUDA graph ("reduce-overhead") captures and replays.
 
-torch.compile's guards are dropped (`guard_filter_fn`): checking them costs more than a small net's step. What they
-would check is this module's `ProgramKey` instead, compared once per call; a program never recompiles, and each one
-has a code object of its own (see `own_cache`).
+Which program a call needs (the steps' accumulation pattern, the batch shapes, the optimizer's settings) is this
+module's `ProgramKey`, looked up once per call; within a program, torch.compile's guards (checked by
+easyfit.training.direct_call) catch what a callback changed between calls, and each program has a code object of its
+own (see `own_cache`), so its recompilations count against its own limit.
 """
 from __future__ import annotations
 

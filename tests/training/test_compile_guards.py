@@ -1,0 +1,80 @@
+"""fit(compile=True) with its defaults is never silently wrong where an eager fit is right: a net with both
+BatchNorm and Dropout under SGD in several-step programs (inductor once fused a Dropout mask's fill with its use,
+before the draw), and changes a callback makes between epochs to what the forward reads (the direct call once
+skipped torch.compile's guards, so the first epoch's values stayed compiled in)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from sklearn.datasets import load_breast_cancer
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import Callback
+
+
+@pytest.fixture(scope="module")
+def cancer() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's breast-cancer set, standardised: 569 samples, 30 features, 2 classes."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x = (x - x.mean(0)) / x.std(0)
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+
+
+def _fit(net_maker, data, compile, epochs, **options):
+    torch.manual_seed(0)
+    net = net_maker()
+    model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.05)
+    history = model.fit(*data, epochs=epochs, batch_size=32, verbose=0, compile=compile, **options)
+    return net, history.history
+
+
+def _assert_same(eager, compiled) -> None:
+    (eager_net, eager_history), (net, history) = eager, compiled
+    for key, values in eager_history.items():
+        assert history[key] == pytest.approx(values, abs=1e-5), key
+    for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
+        assert (actual.double() - expected.double()).abs().max().item() <= 1e-5, name
+
+
+def test_batch_norm_and_dropout_under_sgd_learn_as_eagerly(cancer):
+    """The defaults ("auto": 8 steps a program for this small net): each History value and weight equals eager's."""
+    def net():
+        return nn.Sequential(nn.Linear(30, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 2))
+    eager = _fit(net, cancer, False, 3, validation_split=0.2)
+    compiled = _fit(net, cancer, True, 3, validation_split=0.2)
+    assert eager[1]["loss"][-1] < 0.25   # it learns
+    _assert_same(eager, compiled)
+
+
+class Scaled(nn.Module):
+    """A forward that reads a plain attribute (a temperature, a curriculum weight) besides a Dropout layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(30, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 2))
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.body(x) * self.scale
+
+
+class ChangeTheRun(Callback):
+    """Epoch 1: a new scale; epoch 2: another Dropout rate; epoch 3: the Dropout layer put in eval mode."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        net = self.model.net
+        if epoch >= 1:
+            net.scale = 0.5
+        if epoch >= 2:
+            net.body[2].p = 0.6
+        if epoch >= 3:
+            net.body[2].eval()
+
+
+def test_changes_between_epochs_reach_the_compiled_program(cancer):
+    """Four epochs of 4 batches, one 4-step program call each: the compiled fit sees each change as eagerly."""
+    data = (cancer[0][:128], cancer[1][:128])
+    eager = _fit(Scaled, data, False, 4, callbacks=[ChangeTheRun()])
+    compiled = _fit(Scaled, data, True, 4, steps_per_execution=4, callbacks=[ChangeTheRun()])
+    _assert_same(eager, compiled)
