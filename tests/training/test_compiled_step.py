@@ -48,8 +48,8 @@ def _fit(data, compile, optimizer="sgd", net=None, epochs=2, seed=1, **options):
 
 
 def _programs(model) -> list:
-    """The whole-step programs the Model compiled: (steps per call, called directly once its guards passed)."""
-    return [(len(key.steps), program.direct_calls > 0) for value in model.compiled_steps.cache.values()
+    """The whole-step programs the Model compiled: (steps per call, callable directly once its guards pass)."""
+    return [(len(key.steps), bool(program.direct)) for value in model.compiled_steps.cache.values()
             if isinstance(value, dict) for key, program in value.items()]
 
 
@@ -146,7 +146,7 @@ def test_a_second_fit_compiles_nothing(classification):
     model, _ = _fit(classification, TRACED, epochs=1, steps_per_execution=2)
     programs = model.compiled_steps.cache.copy()
     model.fit(*classification, epochs=1, batch_size=16, verbose=0, compile=TRACED, steps_per_execution=2)
-    assert _programs(model) == [(len(key.steps), p.direct_calls > 0) for value in programs.values()
+    assert _programs(model) == [(len(key.steps), bool(p.direct)) for value in programs.values()
                                 if isinstance(value, dict) for key, p in value.items()]
 
 
@@ -155,7 +155,9 @@ def test_without_metrics_the_program_is_called_straight(classification):
     model = easyfit.Model(smooth_net(), "cross_entropy", "sgd", lr=0.1)
     model.fit(*classification, epochs=1, batch_size=16, verbose=0, compile=TRACED, steps_per_execution=2)
     assert set(_programs(model)) == {(1, True), (2, True)}
-
+    programs = [program for value in model.compiled_steps.cache.values() if isinstance(value, dict)
+                for key, program in value.items() if len(key.steps) == 2]
+    assert programs[0].direct_calls == 1   # batches 1-2 through torch.compile, then 3-4 straight
 
 def test_auto_picks_several_steps_for_a_small_net_without_batch_hooks():
     small, large = smooth_net(), nn.Linear(4096, 4096)
