@@ -1,6 +1,7 @@
 """The examples run as a user runs them: as scripts, in a fresh interpreter."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,10 +12,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run_example(name: str, *args: str, timeout: float = 120) -> str:
-    """Run examples/<name> with this interpreter; fail with its output if it exits non-zero."""
+def run_example(name: str, *args: str, timeout: float = 120, env: dict | None = None) -> str:
+    """Run examples/<name> with this interpreter (`env`: variables set for it); fail with its output if it exits
+    non-zero."""
     result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=EXAMPLES.parent)
+                            timeout=timeout, cwd=EXAMPLES.parent, env=None if env is None else {**os.environ, **env})
     assert result.returncode == 0, f"{name} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -79,3 +81,18 @@ def test_tracked_search_prunes_tracks_and_averages(tmp_path):
     match = re.search(r"pruned (\d+) of 6 trials; MLflow holds 6 runs", output)
     assert match and int(match.group(1)) >= 1, output
     assert printed_accuracy(output) > 0.9
+
+
+@pytest.mark.timeout(300)
+def test_finetune_text_learns_the_topics_of_python_s_documentation():
+    """examples/finetune_text.py: a tokenizer trained on the spot, a datasets.Dataset, a padding collator and
+    loss="model" train a small transformer classifier well above chance (0.25) on held-out paragraphs."""
+    for name in ("transformers", "datasets", "tokenizers"):
+        try:
+            __import__(name)
+        except Exception as error:   # a broken install skips as a missing one
+            pytest.skip(f"{name} unavailable: {error}")
+    # one thread: on cores other tests keep busy, torch's threads wait for each other (4 min here, against 25 s)
+    output = run_example("finetune_text.py", timeout=280, env={"OMP_NUM_THREADS": "1"})
+    assert "Epoch 8/8" in output
+    assert printed_accuracy(output) >= 0.6

@@ -173,3 +173,11 @@ def test_what_is_not_map_style():
         assert not is_map_style(value)
     for value in (hf_dataset(), TensorDataset(x, y), [{"x": x[0], "label": 1}], Rows(x, y)):
         assert is_map_style(value)
+
+
+def test_a_collator_returning_another_mapping_trains_as_a_dict():
+    """transformers' collators return a BatchEncoding, a mapping that is not a dict."""
+    from collections import UserDict
+    x, y = data()
+    dataset = datasets.Dataset.from_dict({"x": x.tolist(), "labels": y.tolist()}).with_format("torch")
+    assert_like_plain_loop(fitted(dataset, collate_fn=lambda rows: UserDict(collate_samples(rows))), x, y)
