@@ -13,10 +13,17 @@ EXTRAS = {
     "mlflow": ["mlflow>=3.0"],
     "wandb": ["wandb>=0.19"],
     "optuna": ["optuna>=4.0"],
-    "dev": ["ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.2", "matplotlib>=3.5", "tensorboard>=2.10",
-            "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
-            "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0"],   # the callbacks around the fit, tested for real
+    # Hugging Face models, datasets and tokenizers (loss="model", a datasets.Dataset, examples/finetune_text.py)
+    "hf": ["transformers>=4.46", "datasets>=2.19", "tokenizers>=0.19"],
+    # what the examples need besides easyfit (the README's quickstart line installs only this)
+    "examples": ["scikit-learn>=1.2", "matplotlib>=3.5"],
 }
+EXTRAS["dev"] = [
+    "ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "tensorboard>=2.10",
+    "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
+    "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0",   # the callbacks around the fit, tested for real
+    *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too
+]
 
 setup(
     name="easyfit",
