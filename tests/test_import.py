@@ -11,7 +11,8 @@ import sys
 import pytest
 
 OPTIONAL = ("deepspeed", "fairscale", "horovod", "bagua", "torch_xla", "matplotlib", "sklearn", "pandas", "scipy",
-            "tensorboard", "mlflow", "wandb", "optuna")
+            "tensorboard", "mlflow", "wandb", "optuna", "transformers", "datasets", "tokenizers", "timm",
+            "torchvision")
 TIMED_IMPORT = f"""
 import json, sys, time
 start = time.perf_counter()
