@@ -41,21 +41,24 @@ def dataset(case: str):
                                       ).with_format("torch")
 
 
-def plain_loop(case: str, batch_size: int, epochs: int = 2) -> tuple[list[float], dict]:
-    """SGD over the batches in order, the targets passed as labels= and the output's loss trained on: (each
-    epoch's sample-weighted mean loss, the weights)."""
+def plain_loop(case: str, batch_size: int, epochs: int = 2, order: torch.Tensor | None = None
+               ) -> tuple[list[float], dict]:
+    """SGD over the batches in order (of the samples in `order`, default as they are), the targets passed as
+    labels= and the output's loss trained on: (each epoch's sample-weighted mean loss, the weights)."""
     net = make_net(case)
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
     data = columns(case)
     data["labels"] = data.pop("label", data.get("labels"))
+    order = torch.arange(SAMPLES) if order is None else order
     losses = []
     for _ in range(epochs):
         total = 0.0
         for start in range(0, SAMPLES, batch_size):
-            loss = net(**{key: value[start:start + batch_size] for key, value in data.items()}).loss
+            rows = order[start:start + batch_size]
+            loss = net(**{key: value[rows] for key, value in data.items()}).loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += float(loss.detach()) * len(data["labels"][start:start + batch_size])
+            total += float(loss.detach()) * len(rows)
         losses.append(total / SAMPLES)
     return losses, {key: value.clone() for key, value in net.state_dict().items()}

@@ -89,3 +89,13 @@ def test_the_model_s_own_loss_under_sharded_strategies(strategy, tmp_path):
     outcome = run_on_two_processes(tmp_path, strategy, "bert")["bert"]
     assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16))
     assert_exact_evaluation("bert", outcome)
+
+
+@pytest.mark.timeout(420)
+def test_an_iterable_hugging_face_dataset_is_split_between_the_processes(tmp_path):
+    """Its 2 shards (the first and the second half of the rows) go one to each process: each trains 4 batches of 8
+    per epoch, and a step's combined batch is 8 rows of each half."""
+    outcome = run_on_two_processes(tmp_path, "ddp", "stream")["stream"]
+    assert [(tmp_path / f"stream-{rank}.txt").read_text() for rank in (0, 1)] == ["8", "8"]
+    order = torch.stack([torch.arange(32).view(4, 8), torch.arange(32, 64).view(4, 8)], 1).flatten()
+    assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16, order=order))
