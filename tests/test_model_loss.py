@@ -161,3 +161,12 @@ def test_what_cannot_train_on_the_net_s_own_loss_is_said_before_training():
         fit(OwnLoss("tensor"), x, y)
     with pytest.raises(ValueError, match="sample and class weights"):
         fit(OwnLoss(), x, y, sample_weight=torch.ones(64))
+
+
+@pytest.mark.timeout(300)
+def test_compiled_steps_train_on_the_net_s_own_loss():
+    x, y = data()
+    net = OwnLoss()
+    model, history = fit(net, x, y, compile=True)
+    assert_like(history, net, plain_loop(x, y))
+    torch.testing.assert_close(model.predict(x, compile=True), prediction(net(x)).detach(), atol=1e-5, rtol=0)
