@@ -324,7 +324,11 @@ def _shard_loader(loader: DataLoader, strategy, train: bool, replace_sampler: bo
 
 def peek_first_batch(batches) -> Any:
     """The first batch of in-memory data, a map-style dataset or a list of batches, on the device; else None
-    (a generator or stream is not read ahead)."""
+    (a generator or stream is not read ahead). Wrapped batches (step limits, loss="model") give their source's,
+    those that add sample weights none."""
+    while hasattr(batches, "batches") and not isinstance(batches, (TensorBatches, LoaderBatches)) and \
+            not getattr(batches, "weighted", False):
+        batches = batches.batches
     if isinstance(batches, TensorBatches):
         batch = tuple(t[:batches.batch_size] for t in batches.tensors)
         return move_to_device(batches.structured(batch), batches.device)

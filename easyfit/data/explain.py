@@ -92,7 +92,9 @@ def check_output_kind(output, loss_fn, metrics) -> None:
         f"the net returned {_output_in_words(output)}, but {' and '.join(takers)} take one tensor. Pick the output "
         f"they should see with a small wrapper, e.g. class Head(nn.Module) whose forward returns {first} (for an "
         "LSTM: out, _ = self.lstm(x); return self.linear(out[:, -1])), or pass a loss that takes the whole output, "
-        "e.g. loss=lambda output, target: F.cross_entropy(output[0], target) (then metrics need the wrapper too).")
+        "e.g. loss=lambda output, target: F.cross_entropy(output[0], target) (then metrics need the wrapper too). "
+        "A dict, named tuple or transformers ModelOutput gives its 'logits' entry, or its one tensor besides "
+        "'loss'.")
 
 
 def check_scalar_loss(loss) -> None:
