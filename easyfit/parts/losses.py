@@ -32,7 +32,7 @@ _CE, _NLL, _MSE, _L1, _BCE, _BCE_LOGITS, _HUBER, _SMOOTH_L1, _KL, _POISSON, _HIN
     nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss, nn.L1Loss, nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss,
     nn.SmoothL1Loss, nn.KLDivLoss, nn.PoissonNLLLoss, nn.HingeEmbeddingLoss))
 
-#: loss="model": the net's own loss (easyfit.parts.outputs.ModelLoss)
+#: loss="model": the net's own loss (easyfit.parts.outputs.ModelLoss), besides the torch losses by name
 MODEL = "model"
 LOSSES: dict[str, Callable[[], nn.Module]] = {
     "cross_entropy": _CE,
@@ -51,7 +51,6 @@ LOSSES: dict[str, Callable[[], nn.Module]] = {
     "kl_div": lambda: _KL(reduction="batchmean"),
     "poisson_nll": _POISSON,
     "hinge_embedding": _HINGE,
-    MODEL: ModelLoss,
 }
 CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
@@ -85,8 +84,10 @@ def resolve_loss(loss) -> Callable:
                         "'cross_entropy', an nn.Module or a callable (output, target) -> tensor.")
     if isinstance(loss, str):
         key = loss.lower()
+        if key == MODEL:
+            return ModelLoss()
         if key not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r}.{closest_name(key, LOSSES)} "
+            raise ValueError(f"unknown loss {loss!r}.{closest_name(key, [*LOSSES, MODEL])} "
                              f"Valid names: {', '.join(sorted(LOSSES))} ('model': the loss the net returns itself); "
                              "or pass an nn.Module or a callable.")
         return LOSSES[key]()
