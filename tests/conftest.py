@@ -50,10 +50,13 @@ def torch_compile_settings() -> dict:
     attribute was deleted reads "<deleted>"); none is imported here for the first time (importing torch._inductor
     costs seconds)."""
     import sys
+    import warnings
     names = ("torch._dynamo.config", "torch._functorch.config", "torch._inductor.config")
     configs = {name: sys.modules[name] for name in names if name in sys.modules}
-    return {name: {option: getattr(config, option, "<deleted>") for option in config.get_config_copy()}
-            for name, config in configs.items()}
+    with warnings.catch_warnings():   # reading a deprecated option warns
+        warnings.simplefilter("ignore")
+        return {name: {option: getattr(config, option, "<deleted>") for option in config.get_config_copy()}
+                for name, config in configs.items()}
 
 
 @pytest.fixture(autouse=True, scope="module")

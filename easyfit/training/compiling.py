@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
 
 from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
-from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
+from easyfit.training.functional_step import ShapeChanges, make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
 from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
 
@@ -90,6 +91,7 @@ class CompiledStep:
         self.compiled = torch.compile(own_cache(forward_loss), **options)
         self.options = options
         self.shapes: tuple | None = None
+        self.shape_changes = ShapeChanges()
         self.net_forward: tuple[torch.nn.Module, Callable] | None = None   # (a wrapped net, its compiled forward)
 
     def __call__(self, net, loss_fn, inputs, target):
@@ -97,6 +99,7 @@ class CompiledStep:
             shapes = shapes_of(inputs, target)
             self.shapes = self.shapes or shapes
             if shapes != self.shapes:   # another shape (the short last batch): eagerly, so nothing recompiles
+                self.shape_changes.seen(shapes)
                 return forward_loss(net, loss_fn, inputs, target)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -191,6 +194,7 @@ class CompiledSteps:
     def __init__(self):
         self.settings: dict | None = None
         self.cache: dict = {}
+        self.declined: set = set()   # the reasons a fit's step could not be one program, each said once
 
     def step(self, role: str):
         """The forward-and-loss callable of `role` for the current call."""
@@ -216,6 +220,10 @@ class CompiledSteps:
             if value not in ("auto", 1):
                 raise ValueError(f"steps_per_execution={value} needs the whole step as one program, but {reason}; "
                                  "pass steps_per_execution=1 (or 'auto')")
+            if reason not in self.declined:
+                self.declined.add(reason)
+                warnings.warn(f"compile=: {reason}; the forward with the loss and the optimizer step are compiled "
+                              "as separate calls, not as one program", stacklevel=2)
             return None
         settings = self.settings
         steps = steps_per_call(value, loop.callbacks, loop.net, loop.settings.batch_size,
@@ -255,7 +263,7 @@ class CompiledSteps:
 
     def __getstate__(self) -> dict:
         """Compiled functions do not pickle: a process that receives the Model compiles its own."""
-        return {"settings": self.settings, "cache": {}}
+        return {"settings": self.settings, "cache": {}, "declined": set()}
 
 
 def check_compile(value: Any, strategy, options=None) -> None:

@@ -66,6 +66,7 @@ class FusedTraining:
         self.loop, self.steps, self.build, self.programs = loop, steps, build, programs
         self.names = fs.ParameterNames(loop.net, loop.optimizer)
         self.shapes: tuple | None = None
+        self.shape_changes = fs.ShapeChanges()
         self.rates: torch.Tensor | None = None
         self.rate_values: list | None = None
         self.cuda_graphs = self.declined = False
@@ -99,6 +100,7 @@ class FusedTraining:
             shapes = fs.shapes_of(inputs, target, weights)
             self.shapes = self.shapes or shapes
             if shapes != self.shapes:   # another shape: eagerly, after the batches before it
+                self.shape_changes.seen(shapes)
                 if self._flush(pending, run) or loop.train_batch(last, batch, run):
                     return last, True
                 pending = []

@@ -1,0 +1,245 @@
+"""The space of fits a user runs, drawn at random for the differential test of compile= against eager
+(tests/training/test_compile_differential.py and its soak, scripts/compile_soak.sh).
+
+A configuration is a net (layers users train), an optimizer (those traced into the whole-step program and those
+stepped apart), a precision, accumulation, clipping, class or sample weights, a schedule, a callback that changes
+the run between epochs, steps_per_execution, a batch size (most leave a short last batch) and validation. Every net
+takes 12 float features and predicts 3 classes, so one data set serves them all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import Callback, LearningRateScheduler, ReduceLROnPlateau
+
+
+class Reshaped(nn.Module):
+    def __init__(self, *shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], *self.shape)
+
+
+class LastStep(nn.Module):
+    """A recurrent layer's last output."""
+
+    def __init__(self, rnn: nn.Module):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0][:, -1]
+
+
+class MeanOverTime(nn.Module):
+    def forward(self, x):
+        return x.mean(1)
+
+
+class Bagged(nn.Module):
+    """An Embedding with a padding index over token ids read from the features, beside a Linear of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(8, 6, padding_idx=0)
+        self.dense = nn.Linear(12, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        ids = (x[:, :4].abs() * 3).long().clamp(max=7)
+        return self.head(torch.tanh(self.embedding(ids).mean(1) + self.dense(x)))
+
+
+class Tied(nn.Module):
+    """One Linear applied twice, and an output layer sharing the input layer's weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(12, 12)
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.shared(torch.tanh(self.shared(x)))))
+
+
+class Counting(nn.Module):
+    """A buffer the forward updates in training (a running mean of the inputs), and a plain attribute it reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running", torch.zeros(12))
+        self.body = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 3))
+        self.scale = 1.0
+
+    def forward(self, x):
+        if self.training:
+            self.running.mul_(0.9).add_(x.detach().mean(0), alpha=0.1)
+        return self.body(x - self.running) * self.scale
+
+
+def _nets() -> dict:
+    return {
+        "mlp": lambda: nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)),
+        "batchnorm-dropout": lambda: nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                                                   nn.Dropout(0.3), nn.Linear(16, 3)),
+        "conv1d": lambda: nn.Sequential(Reshaped(2, 6), nn.Conv1d(2, 4, 3), nn.Tanh(), nn.Flatten(),
+                                        nn.Linear(16, 3)),
+        "conv2d-batchnorm": lambda: nn.Sequential(Reshaped(1, 3, 4), nn.Conv2d(1, 4, 2), nn.BatchNorm2d(4),
+                                                  nn.Tanh(), nn.Flatten(), nn.Linear(24, 3)),
+        "layernorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3)),
+        "groupnorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.GroupNorm(4, 16), nn.Tanh(), nn.Linear(16, 3)),
+        "embedding": Bagged,
+        "gru": lambda: nn.Sequential(Reshaped(3, 4), LastStep(nn.GRU(4, 8, batch_first=True)), nn.Linear(8, 3)),
+        "lstm": lambda: nn.Sequential(Reshaped(3, 4), LastStep(nn.LSTM(4, 8, batch_first=True)), nn.Linear(8, 3)),
+        "transformer": lambda: nn.Sequential(Reshaped(3, 4), nn.Linear(4, 8), nn.TransformerEncoderLayer(
+            8, 2, 16, dropout=0.1, batch_first=True), MeanOverTime(), nn.Linear(8, 3)),
+        "attention": lambda: nn.Sequential(Reshaped(3, 4), nn.Linear(4, 8), SelfAttention(), MeanOverTime(),
+                                           nn.Linear(8, 3)),
+        "tied": Tied,
+        "buffer-in-forward": Counting,
+    }
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+NETS = _nets()
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd-nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+    "sgd-weight-decay": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=1e-2),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=1e-2),
+    "adam-amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3),   # stepped apart from the traced step
+}
+SCHEDULES = ("none", "per-epoch", "per-step", "warmup", "plateau", "lambda")
+CHANGES = ("none", "freeze-unfreeze", "attribute", "submodule-eval", "dropout-p", "learning-rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    net: str
+    optimizer: str
+    precision: str
+    accumulate: int
+    clip: float | None
+    weights: str
+    schedule: str
+    change: str
+    steps_per_execution: int | str
+    batch_size: int
+    validation: bool
+
+    def __str__(self) -> str:
+        return "-".join(str(value) for value in dataclasses.astuple(self))
+
+    @property
+    def well_conditioned(self) -> bool:
+        """Whether weights are compared too: SGD's updates carry a difference of rounding as it is, where Adam
+        divides a near-zero gradient (a bias before a normalisation) by its own small running size."""
+        return self.optimizer.startswith("sgd")
+
+
+def draw(rng: random.Random) -> Config:
+    net = rng.choice(sorted(NETS))
+    return Config(
+        net=net, optimizer=rng.choice(sorted(OPTIMIZERS)),
+        precision=rng.choice(("32-true", "32-true", "bf16-mixed")),
+        accumulate=rng.choice((1, 1, 2)), clip=rng.choice((None, None, 0.5)),
+        weights=rng.choice(("none", "none", "class", "sample")), schedule=rng.choice(SCHEDULES),
+        change=rng.choice(CHANGES), steps_per_execution=rng.choice((1, "auto", "auto", 3)),
+        batch_size=rng.choice((8, 10, 16)), validation=rng.random() < 0.5)
+
+
+def configurations(count: int, seed: int) -> list[Config]:
+    rng = random.Random(seed)
+    return [draw(rng) for _ in range(count)]
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    """60 samples, 12 features, 3 classes a small net learns."""
+    x = torch.randn(60, 12, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+class ChangeBetweenEpochs(Callback):
+    """What a callback changes from the second epoch on."""
+
+    def __init__(self, change: str):
+        self.change = change
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 0 or self.change == "none":
+            return
+        net = self.model.net
+        first = next(module for module in net.modules() if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d,
+                                                                               nn.Embedding)))
+        if self.change == "freeze-unfreeze":
+            first.requires_grad_(epoch % 2 == 0)
+        elif self.change == "attribute":
+            net.extra_scale = 1.0 + 0.5 * epoch
+        elif self.change == "submodule-eval":
+            for module in net.modules():
+                if isinstance(module, (nn.Dropout, nn.BatchNorm1d, nn.BatchNorm2d)):
+                    module.eval()
+        elif self.change == "dropout-p":
+            for module in net.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = 0.5
+        elif self.change == "learning-rate":
+            for group in self.model.optimizer.param_groups:
+                group["lr"] = group["lr"] * 0.5
+
+
+class ScaledOutput(nn.Module):
+    """The net's output times `extra_scale`, an attribute a callback may change."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.extra_scale = 1.0
+
+    def forward(self, x):
+        return self.net(x) * self.extra_scale
+
+
+def fit(config: Config, compile) -> tuple[nn.Module, dict]:
+    """The configuration's fit, eager (compile=False) or compiled: the trained net and the History."""
+    torch.manual_seed(0)
+    net = ScaledOutput(NETS[config.net]())
+    scheduler, interval = None, "epoch"
+    if config.schedule in ("per-epoch", "per-step"):
+        scheduler = lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5)   # noqa: E731
+        interval = config.schedule.removeprefix("per-")
+    model = easyfit.Model(net, "cross_entropy", OPTIMIZERS[config.optimizer], metrics=["accuracy"],
+                          scheduler=scheduler, scheduler_interval=interval)
+    x, y = data()
+    callbacks = [ChangeBetweenEpochs(config.change)]
+    if config.schedule == "plateau":
+        callbacks.append(ReduceLROnPlateau("loss", factor=0.5, patience=0))
+    if config.schedule == "lambda":
+        callbacks.append(LearningRateScheduler(lambda epoch, lr: lr * 0.7))
+    options = {"class_weight": {0: 0.5, 1: 1.0, 2: 2.0}} if config.weights == "class" else \
+        {"sample_weight": torch.linspace(0.2, 2.0, len(x))} if config.weights == "sample" else {}
+    if compile is not False:
+        options["steps_per_execution"] = config.steps_per_execution
+    history = model.fit(x, y, epochs=3, batch_size=config.batch_size, verbose=0, compile=compile,
+                        precision=config.precision, gradient_accumulation_steps=config.accumulate,
+                        gradient_clip_val=config.clip, lr_warmup_epochs=1 if config.schedule == "warmup" else 0,
+                        validation_split=0.25 if config.validation else 0.0, callbacks=callbacks, **options)
+    return net, history.history

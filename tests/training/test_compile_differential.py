@@ -1,0 +1,39 @@
+"""compile= against eager over the space users live in (tests/training/compile_space.py): each drawn configuration
+is fitted eagerly and compiled, and every History value must agree within 1e-5 (2e-3 under bf16-mixed, where a
+fused kernel rounds its products once), the weights too where SGD carries differences as they are.
+
+Most configurations compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step
+programs, their guards, the direct call, the optimizer state and learning rates easyfit hands them) without
+generating code; a drawn share compiles with inductor. EASYFIT_COMPILE_CONFIGS sets how many are drawn (200 here,
+2,000 in the soak: scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from compile_space import configurations, fit
+
+COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "200"))
+SEED = int(os.environ.get("EASYFIT_COMPILE_SEED", "0"))
+#: one configuration in this many compiles with inductor, the rest with aot_eager
+INDUCTOR_EVERY = int(os.environ.get("EASYFIT_COMPILE_INDUCTOR_EVERY", "25"))
+CONFIGS = configurations(COUNT, SEED)
+
+
+@pytest.mark.parametrize("index", range(COUNT), ids=[f"{i}-{config}" for i, config in enumerate(CONFIGS)])
+def test_compiled_fit_equals_eager(index):
+    config = CONFIGS[index]
+    backend = "inductor" if index % INDUCTOR_EVERY == INDUCTOR_EVERY - 1 else "aot_eager"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager_net, eager = fit(config, False)
+        net, compiled = fit(config, {"backend": backend})
+    tolerance = 2e-3 if config.precision == "bf16-mixed" else 1e-5
+    for key, values in eager.items():
+        assert compiled[key] == pytest.approx(values, abs=tolerance, rel=tolerance), (key, backend)
+    if config.well_conditioned and config.precision != "bf16-mixed":
+        for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
+            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=f"{name} ({backend})")
