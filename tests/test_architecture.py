@@ -129,3 +129,27 @@ def test_the_layer_check_finds_an_upward_import():
 def test_the_top_of_the_package_holds_only_the_public_faces():
     entries = sorted(path.name for path in PACKAGE.iterdir() if not path.name.startswith((".", "__pycache__")))
     assert len(entries) <= 13, f"{len(entries)} entries at the top of easyfit/ (group them by job): {entries}"
+
+
+def missing_names(name: str, path: pathlib.Path) -> list[str]:
+    """Each `from easyfit.X import y` in `name` (anywhere in its code, lazy imports too) whose `y` is neither a name
+    of module X nor a submodule of it, as 'name: from X import y'."""
+    missing = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or node.level or node.module not in MODULES:
+            continue
+        module = importlib.import_module(node.module)
+        missing += [f"{name}: from {node.module} import {alias.name}" for alias in node.names
+                    if not hasattr(module, alias.name) and f"{node.module}.{alias.name}" not in MODULES]
+    return missing
+
+
+def test_every_imported_name_exists():
+    missing = [line for name, path in MODULES.items() for line in missing_names(name, path)]
+    assert not missing, "imports of names that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_name_check_finds_a_missing_name(tmp_path):
+    stale = tmp_path / "stale.py"
+    stale.write_text("def f():\n    from easyfit.distributed.launchers import child_started\n")
+    assert missing_names("stale", stale) == ["stale: from easyfit.distributed.launchers import child_started"]

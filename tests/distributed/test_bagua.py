@@ -218,3 +218,19 @@ def test_real_bagua_gradient_allreduce_trains_on_a_gpu():
     history = model.fit(x, y, epochs=3, batch_size=32, verbose=0, devices=1, accelerator="cuda",
                         strategy=BaguaStrategy("gradient_allreduce"))
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_contract_a_rank_under_bagua_launcher_joins_without_easyfit_handshake(fake_bagua, monkeypatch):
+    """A rank that Bagua's launcher started joins the process group through Bagua (this path once imported a
+    launcher function that no longer existed), and takes no handshake of easyfit's launcher."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    for name, value in {"BAGUA_SERVICE_PORT": "29501", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                        "NODE_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    strategy = connect(BaguaStrategy())
+    assert strategy.environment.creates_processes_externally and strategy.launcher is None
+    strategy.setup_environment()
+    assert fake_bagua.init == ("TCPStore", 0, 1, 1)

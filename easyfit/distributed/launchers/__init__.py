@@ -5,7 +5,8 @@
 """
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError
-from easyfit.distributed.launchers.script import RelaunchedRankLauncher, ScriptLauncher
+from easyfit.distributed.launchers.script import RelaunchedRankLauncher, ScriptLauncher, existing_rank_launcher
 from easyfit.distributed.launchers.spawn import ProcessLauncher
 
-__all__ = ["Launcher", "ProcessLauncher", "RankFailedError", "RelaunchedRankLauncher", "ScriptLauncher"]
+__all__ = ["Launcher", "ProcessLauncher", "RankFailedError", "RelaunchedRankLauncher", "ScriptLauncher",
+           "existing_rank_launcher"]

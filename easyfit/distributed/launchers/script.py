@@ -293,6 +293,12 @@ class ScriptLauncher(Launcher):
         return _script_ranks
 
 
+def existing_rank_launcher(environment) -> Launcher | None:
+    """In a rank that exists already: the handshake of easyfit's launcher if it started this rank, else None (torchrun
+    and the like started it)."""
+    return RelaunchedRankLauncher() if environment.launched_by_easyfit else None
+
+
 class RelaunchedRankLauncher(Launcher):
     """A re-run copy's side: at its first call, report uncaught exceptions where rank 0 reads them and tell rank 0
     this rank is ready to join the process group."""

@@ -107,18 +107,15 @@ class BaguaStrategy(ParallelStrategy):
     @property
     def launcher(self):
         """Under `python -m bagua.distributed.launch` / `baguarun` the ranks exist; from a plain script with
-        devices=N, easyfit re-runs the script, as for "ddp"."""
-        if self.environment.creates_processes_externally or self.num_processes == 1:
-            return None
+        devices=N, easyfit re-runs the script, as for "ddp", and each re-run rank does the ready handshake."""
         from easyfit.distributed import launchers
-        return launchers.ScriptLauncher(self)
+        if self.environment.creates_processes_externally:
+            return launchers.existing_rank_launcher(self.environment)
+        return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
 
     def setup_environment(self) -> None:
         """Join Bagua's process group (it also creates torch's, over NCCL, which easyfit's collectives use)."""
         bagua = import_bagua(self.algorithm)
-        if self.environment.creates_processes_externally:
-            from easyfit.distributed.launchers import child_started
-            child_started()
         Strategy.setup_environment(self)   # select this rank's GPU before Bagua creates its communicators
         if bagua.communication.is_initialized():
             return

@@ -144,10 +144,8 @@ class ParallelStrategy(Strategy):
         """The launcher that starts this call's ranks; in a rank that exists already, the handshake of the launcher
         that started it (if easyfit's own) or None."""
         if self.environment.creates_processes_externally:
-            if self.environment.launched_by_easyfit:
-                from easyfit.distributed.launchers import RelaunchedRankLauncher
-                return RelaunchedRankLauncher()
-            return None
+            from easyfit.distributed.launchers import existing_rank_launcher
+            return existing_rank_launcher(self.environment)
         return self.start_launcher()
 
     def start_launcher(self):
