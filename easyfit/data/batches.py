@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subs
 
 from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
-from easyfit.data.map_style import collate_samples, is_map_style, map_style_loader
+from easyfit.data.map_style import check_not_splits, collate_samples, is_map_style, map_style_loader
 from easyfit.data.samplers import sampler_indices
 from easyfit.utils.checks import check_not_a_path, check_positive_int
 
@@ -132,6 +132,7 @@ def _tensors_from(x: Any, y: Any, float_dtype: torch.dtype = torch.float32) -> t
     """The tensors behind in-memory data (the inputs, then the target if any), or None when `x` is a dataset /
     loader / iterable of batches."""
     check_not_a_path(x, "x")
+    check_not_splits(x)
     if isinstance(x, TensorDataset):
         if y is not None:
             raise ValueError("y was given together with a TensorDataset: the dataset already holds the targets")

@@ -27,6 +27,14 @@ def is_map_style(x: Any) -> bool:
     return True
 
 
+def check_not_splits(x: Any) -> None:
+    """Refuse a Hugging Face DatasetDict (the splits of a data set, a dict of datasets), naming the fix."""
+    if isinstance(x, Mapping) and x and all(is_map_style(value) or isinstance(value, IterableDataset)
+                                            for value in x.values()):
+        raise ValueError(f"the data is a {type(x).__name__} of the splits {', '.join(map(repr, x))}; pass one split, "
+                         f"e.g. fit(data[{next(iter(x))!r}]), and another as validation_data")
+
+
 def is_sample(item: Mapping) -> bool:
     """Whether a dict is one sample rather than a batch: a batch holds only tensors or arrays with a first
     dimension, all of one length; a sample holds a number, a 0-dim tensor, a list or a string somewhere, or

@@ -181,3 +181,10 @@ def test_a_collator_returning_another_mapping_trains_as_a_dict():
     x, y = data()
     dataset = datasets.Dataset.from_dict({"x": x.tolist(), "labels": y.tolist()}).with_format("torch")
     assert_like_plain_loop(fitted(dataset, collate_fn=lambda rows: UserDict(collate_samples(rows))), x, y)
+
+
+def test_the_splits_of_a_data_set_are_refused_naming_one():
+    splits = datasets.DatasetDict({"train": hf_dataset(), "test": hf_dataset()})
+    with pytest.raises(ValueError, match=r"DatasetDict of the splits 'train', 'test'; pass one split, e.g. "
+                                         r"fit\(data\['train'\]\)"):
+        easyfit.Model(nn.Linear(4, 2)).fit(splits, verbose=0)
