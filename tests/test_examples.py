@@ -96,3 +96,16 @@ def test_finetune_text_learns_the_topics_of_python_s_documentation():
     output = run_example("finetune_text.py", timeout=280, env={"OMP_NUM_THREADS": "1"})
     assert "Epoch 8/8" in output
     assert printed_accuracy(output) >= 0.6
+
+
+def test_the_quickstart_installs_only_what_the_examples_need_and_dev_tests_hugging_face():
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    assert 'pip install torch==2.13.0 && pip install -e ".[examples]" && python examples/quickstart.py' in readme
+    namespace: dict = {}
+    exec((EXAMPLES.parent / "setup.py").read_text(encoding="utf-8").split("\nsetup(")[0], namespace)
+    extras = {name: {re.split(r"[<>=]", requirement)[0] for requirement in requirements}
+              for name, requirements in namespace["EXTRAS"].items()}
+    assert extras["examples"] == {"scikit-learn", "matplotlib"}
+    assert extras["hf"] == {"transformers", "datasets", "tokenizers"}
+    assert extras["examples"] | extras["hf"] | {"pytest", "ruff"} <= extras["dev"]
+    assert not {"torchvision", "timm"} & set().union(*extras.values())   # their CUDA builds break torch's CPU ops
