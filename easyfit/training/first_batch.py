@@ -111,7 +111,7 @@ class FirstStep:
         output, the loss and the metrics."""
         if target is None:
             raise ValueError(f"{self.source} has no targets: pass y to fit, or data whose batches are (x, y) pairs "
-                             "or dicts with a 'y' / 'target' / 'label' key")
+                             "or dicts with a 'y' / 'target' / 'label' / 'labels' key")
         metrics = self.model.metrics
         check_output_kind(output, loss_fn, metrics)
         output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
