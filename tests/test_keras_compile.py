@@ -105,3 +105,10 @@ def test_the_effective_batch_of_a_dataloader_used_as_given_is_its_batch_size():
     history = easyfit.Model(make_net()).fit(loader, verbose=0)   # fit's batch_size (32) does not apply
     assert history.params["batch_size"] == history.params["effective_batch_size"] == 16
     assert history.params["summary"].startswith("effective batch 16 = 16 × 1 process")
+
+
+def test_batch_logs_list_the_metrics_that_have_a_value_in_every_epoch():
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"])
+    listed = []
+    fit(model, epochs=2, callbacks=[LambdaCallback(on_train_batch_end=lambda batch, logs: listed.append(dict(logs)))])
+    assert all("accuracy" in logs for logs in listed) and len(listed) == 8

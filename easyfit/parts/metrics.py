@@ -278,6 +278,13 @@ class MetricSet:
                     values[name] = float(metric.compute())
         return values
 
+    def running_names(self) -> list[str]:
+        """The metrics that have a running value (`running`): those that took a batch this epoch, or have one
+        waiting."""
+        waiting = {id(metric) for metric in self.classified + self.named_raw} if self.waiting else set()
+        return [name for name in self.names
+                if name in self.metrics and (self.metrics[name].update_called or id(self.metrics[name]) in waiting)]
+
     def running(self, name: str) -> float | None:
         """Metric `name` over this process's batches so far (batch logs read it: the waiting batches are taken
         then, and nothing is synchronised); None when it has no value yet."""

@@ -81,7 +81,7 @@ class BatchLogs(Mapping):
 
     def __iter__(self):
         metrics = self.tracker.metrics
-        return iter((*self.FIXED, *(metrics.names if metrics else ())))
+        return iter((*self.FIXED, *(metrics.running_names() if metrics else ())))
 
     def __len__(self) -> int:
-        return len(self.FIXED) + len(self.tracker.metrics.names if self.tracker.metrics else ())
+        return len(self.FIXED) + len(self.tracker.metrics.running_names() if self.tracker.metrics else ())
