@@ -32,16 +32,10 @@ def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History
             raise ValueError("pass either validation_data or validation_split, not both")
         (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
     loss_fn = weighted_loss = model.loss_fn
-    train = targets_in_forward(make_batches(
-        x, y, batch_size=options.batch_size, strategy=strategy, train=True, shuffle=options.shuffle,
-        seed=options.seed, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-        float_dtype=precision.float_dtype, collate_fn=run.collate_fn), model.net, loss_fn)
+    train = call_batches(model, run, x, y, options.batch_size, train=True, shuffle=options.shuffle, seed=options.seed)
     val = None
     if validation_data is not None:
-        val = targets_in_forward(make_batches(
-            *_as_pair(validation_data), batch_size=options.validation_batch_size or options.batch_size,
-            strategy=strategy, train=False, num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-            float_dtype=precision.float_dtype, collate_fn=run.collate_fn), model.net, loss_fn)
+        val = call_batches(model, run, *_as_pair(validation_data), options.validation_batch_size or options.batch_size)
     if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
         if isinstance(loss_fn, ModelLoss):
             raise ValueError("sample and class weights weigh each sample's loss, but loss='model' trains on the one "
@@ -154,11 +148,17 @@ def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
     return Loop(model, strategy, callback_list, TrainingObjects(model.net))
 
 
+def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = False, targets: bool = True, **options):
+    """The batches of a call (`make_batches` with the run's options); with `targets`, the net's own loss
+    (loss="model") gets its targets in the forward."""
+    batches = make_batches(x, y, batch_size=batch_size, strategy=model.strategy, train=train,
+                           num_workers=run.num_workers, replace_sampler=run.replace_sampler,
+                           float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn, **options)
+    return targets_in_forward(batches, model.net, model.loss_fn) if targets else batches
+
+
 def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
-    batches = targets_in_forward(make_batches(
-        x, y, batch_size=batch_size, strategy=model.strategy, train=False, num_workers=run.num_workers,
-        replace_sampler=run.replace_sampler, float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn),
-        model.net, model.loss_fn)
+    batches = call_batches(model, run, x, y, batch_size)
     loop = eval_loop(model, verbose, callbacks)
     prepare(model, model.strategy.module_for_eval(model.net), batches, "the evaluation data")
     return loop.evaluate(batches)
@@ -166,9 +166,7 @@ def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: 
 
 def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
     strategy = model.strategy
-    batches = make_batches(x, y, batch_size=batch_size, strategy=strategy, train=False,
-                           num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn)
+    batches = call_batches(model, run, x, y, batch_size, targets=False)
     loop = eval_loop(model, verbose, callbacks)
     prepare(model, model.strategy.module_for_eval(model.net), batches, "the data", targets=False)
     outputs = loop.predict(batches)
