@@ -93,6 +93,7 @@ class ProgramKey:
     autocast: torch.dtype | None
     weighted: bool
     outputs: bool                           # return the outputs (for metrics)
+    trainable: tuple[bool, ...]             # per parameter: requires_grad (a frozen one gets no gradient, no update)
 
 
 class ShapeChanges:
@@ -163,34 +164,51 @@ def clip_(grads: list[torch.Tensor], max_norm: float) -> None:
 
 def make_program(key: ProgramKey, kind: type, names: list[str], buffer_names: list[str]) -> Callable:
     """The Python function a program traces: `key.steps` steps over per-step lists of inputs, targets and sample
-    weights; `names` are the optimized parameters' names in the net, `buffer_names` its buffers'."""
+    weights; `names` are the optimized parameters' names in the net, `buffer_names` its buffers'. A frozen parameter
+    (`key.trainable`) enters the forward as a constant, and gets no gradient and no update, as eagerly."""
+    trained = [index for index, trainable in enumerate(key.trainable) if trainable]
+
     def steps(net, loss_fn, params, buffers, grads, state, inputs, targets, weights, rates):
         losses, outputs = [], []
         for k, (fresh, last) in enumerate(key.steps):
             def loss_of(values, buffers, k=k):   # the buffers are arguments: a BatchNorm updates them in place
-                tensors = {**dict(zip(names, values)), **dict(zip(buffer_names, buffers))}
+                current = [p.detach() for p in params]
+                for index, value in zip(trained, values):
+                    current[index] = value
+                tensors = {**dict(zip(names, current)), **dict(zip(buffer_names, buffers))}
                 with torch.autocast(params[0].device.type, dtype=key.autocast, enabled=key.autocast is not None):
                     output = _call(net, tensors, inputs[k])
                     loss = loss_fn.weighted(output, targets[k], weights[k]) if key.weighted else \
                         loss_fn(output, targets[k])
                 return (loss / key.divisor if key.divisor > 1 else loss), (output, loss)
-            new, (_, (output, loss)) = grad_and_value(loss_of, has_aux=True)([p.detach() for p in params], buffers)
+            new, (_, (output, loss)) = grad_and_value(loss_of, has_aux=True)(
+                [params[index].detach() for index in trained], buffers)
             losses.append(loss.detach())
             if key.outputs:
                 outputs.append(output)
             with torch.no_grad():
-                for g, value in zip(grads, new):
-                    g.copy_(value) if fresh else g.add_(value)
+                for index, value in zip(trained, new):
+                    grads[index].copy_(value) if fresh else grads[index].add_(value)
                 if last:
-                    if key.clip is not None:
-                        clip_(grads, key.clip)
-                    start = 0
-                    for index, (settings, count) in enumerate(key.settings):
-                        end = start + count
-                        _update(kind, settings, params[start:end], grads[start:end], state[index], rates[k, index])
-                        start = end
+                    _clip_and_update(key, kind, params, grads, state, rates[k])
         return torch.stack(losses), outputs
     return steps
+
+
+def _clip_and_update(key: ProgramKey, kind: type, params, grads, state, rates) -> None:
+    """Clip the trained parameters' gradients, then update each group's trained parameters."""
+    if key.clip is not None:
+        clip_([g for g, trainable in zip(grads, key.trainable) if trainable], key.clip)
+    start = 0
+    for index, (settings, count) in enumerate(key.settings):
+        end = start + count
+        mask = key.trainable[start:end]
+        if any(mask):
+            def kept(values, mask=mask):
+                return [value for value, trainable in zip(values, mask) if trainable]
+            _update(kind, settings, kept(params[start:end]), kept(grads[start:end]),
+                    [kept(values) for values in state[index]], rates[index])
+        start = end
 
 
 def _call(net: torch.nn.Module, values: dict, inputs):
@@ -213,9 +231,12 @@ class ParameterNames:
         self.buffer_names, self.buffers = [name for name, _ in named], [buffer for _, buffer in named]
 
 
-def ensure_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each parameter's `.grad`, a zero buffer where it has none (the program overwrites or adds to it)."""
+def ensure_grads(params: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Each trainable parameter's `.grad`, a zero buffer where it has none (the program overwrites or adds to it);
+    a frozen parameter has none, as after an eager step."""
     for p in params:
-        if p.grad is None:
+        if not p.requires_grad:
+            p.grad = None
+        elif p.grad is None:
             p.grad = torch.zeros_like(p)
     return [p.grad for p in params]

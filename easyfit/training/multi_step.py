@@ -71,7 +71,7 @@ class FusedTraining:
         self.rate_values: list | None = None
         self.cuda_graphs = self.declined = False
         self.state_lists, self.state_of = None, None
-        self.found: dict = {}   # (steps, optimizer settings, weighted): program, for this fit
+        self.found: dict = {}   # (steps, optimizer settings, weighted, trainable): program, for this fit
 
     def ready(self, step: int) -> bool:
         """Whether the programs can take over at batch `step`: at the start of an accumulation window, with the
@@ -174,12 +174,13 @@ class FusedTraining:
         """The program for these steps: what changes between calls is looked up first, the rest is this fit's."""
         loop = self.loop
         settings = fs.optimizer_settings(loop.optimizer)
-        program = self.found.get((pattern, settings, weighted))
+        trainable = tuple(p.requires_grad for p in self.names.params)
+        program = self.found.get((pattern, settings, weighted, trainable))
         if program is None:
             key = fs.ProgramKey(pattern, self.shapes, settings, run.divisor, loop.settings.gradient_clip_val,
-                                loop.precision.autocast_dtype, weighted, bool(loop.metrics))
+                                loop.precision.autocast_dtype, weighted, bool(loop.metrics), trainable)
             if key not in self.programs:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)
-            program = self.found[pattern, settings, weighted] = self.programs[key]
+            program = self.found[pattern, settings, weighted, trainable] = self.programs[key]
         return program
 

@@ -4,8 +4,9 @@ fused kernel rounds its products once), the weights too where SGD carries differ
 
 Most configurations compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step
 programs, their guards, the direct call, the optimizer state and learning rates easyfit hands them) without
-generating code; a drawn share compiles with inductor. EASYFIT_COMPILE_CONFIGS sets how many are drawn (200 here,
-2,000 in the soak: scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw.
+generating code; one in EASYFIT_COMPILE_INDUCTOR_EVERY (8 here) compiles with inductor. EASYFIT_COMPILE_CONFIGS sets
+how many are drawn (16 here: a configuration takes 8-25 s on a 2-core CPU, most of it compiling; 2,000 in the soak,
+scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import pytest
 import torch
 from compile_space import configurations, fit
 
-COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "200"))
+COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "16"))
 SEED = int(os.environ.get("EASYFIT_COMPILE_SEED", "0"))
 #: one configuration in this many compiles with inductor, the rest with aot_eager
-INDUCTOR_EVERY = int(os.environ.get("EASYFIT_COMPILE_INDUCTOR_EVERY", "25"))
+INDUCTOR_EVERY = int(os.environ.get("EASYFIT_COMPILE_INDUCTOR_EVERY", "8"))
 CONFIGS = configurations(COUNT, SEED)
 
 

@@ -1,7 +1,8 @@
 """fit(compile=True) with its defaults is never silently wrong where an eager fit is right: a net with both
 BatchNorm and Dropout under SGD in several-step programs (inductor once fused a Dropout mask's fill with its use,
 before the draw), and changes a callback makes between epochs to what the forward reads (the direct call once
-skipped torch.compile's guards, so the first epoch's values stayed compiled in)."""
+skipped torch.compile's guards, so the first epoch's values stayed compiled in), and a layer frozen between
+epochs."""
 from __future__ import annotations
 
 import pytest
@@ -21,10 +22,10 @@ def cancer() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(x, dtype=torch.float32), torch.tensor(y)
 
 
-def _fit(net_maker, data, compile, epochs, **options):
+def _fit(net_maker, data, compile, epochs, momentum=0.0, **options):
     torch.manual_seed(0)
     net = net_maker()
-    model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.05)
+    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=0.05, momentum=momentum))
     history = model.fit(*data, epochs=epochs, batch_size=32, verbose=0, compile=compile, **options)
     return net, history.history
 
@@ -77,4 +78,21 @@ def test_changes_between_epochs_reach_the_compiled_program(cancer):
     data = (cancer[0][:128], cancer[1][:128])
     eager = _fit(Scaled, data, False, 4, callbacks=[ChangeTheRun()])
     compiled = _fit(Scaled, data, True, 4, steps_per_execution=4, callbacks=[ChangeTheRun()])
+    _assert_same(eager, compiled)
+
+
+class Unfreeze(Callback):
+    """Epoch 1 freezes the first layer, epoch 2 unfreezes it: gradual unfreezing."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.net[0].requires_grad_(epoch != 1)
+
+
+def test_a_layer_frozen_between_epochs_is_not_updated(cancer):
+    """A frozen parameter gets no gradient and no update in the whole-step program (it once kept training)."""
+    def net():
+        return nn.Sequential(nn.Linear(30, 16), nn.Tanh(), nn.Linear(16, 2))
+    data = (cancer[0][:128], cancer[1][:128])
+    eager = _fit(net, data, False, 3, 0.9, callbacks=[Unfreeze()])
+    compiled = _fit(net, data, {"backend": "aot_eager"}, 3, 0.9, steps_per_execution=4, callbacks=[Unfreeze()])
     _assert_same(eager, compiled)
