@@ -85,7 +85,10 @@ def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(tm
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_3"])
 def test_the_model_s_own_loss_under_sharded_strategies(strategy, tmp_path):
     if strategy.startswith("deepspeed"):
-        pytest.importorskip("deepspeed")
+        try:
+            import deepspeed  # noqa: F401
+        except Exception as error:   # a DeepSpeed whose ops do not load here skips as a missing one
+            pytest.skip(f"deepspeed unavailable: {error}")
     outcome = run_on_two_processes(tmp_path, strategy, "bert")["bert"]
     assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16))
     assert_exact_evaluation("bert", outcome)
