@@ -53,12 +53,19 @@ def test_ddp_example_trains_on_two_processes_and_prints_once():
     assert printed_accuracy(output) > 0.85
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-    commands = re.findall(r"```bash\n(.+?)\n```", readme)
-    test_command = next(command for command in commands if command.endswith("python -m pytest"))
-    ci_lines = (EXAMPLES.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert test_command in ci_lines
+def test_ci_runs_the_readme_commands_in_a_new_environment():
+    """.ci/run takes the quickstart and test commands from the README itself (so they cannot drift apart) and runs
+    them in a virtual environment it makes for the run: what a newcomer installs."""
+    root = EXAMPLES.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    commands = [command for command in re.findall(r"```bash\n(.+?)\n```", readme)
+                if command.startswith("pip install torch==")]
+    assert commands[0].endswith("python examples/quickstart.py") and commands[1].endswith("python -m pytest")
+    printed = subprocess.run(["bash", str(root / ".ci" / "run"), "--print-readme-commands"], cwd=root,
+                             capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    assert printed == commands
+    script = (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'python3 -m venv "$work/venv"' in script and 'eval "${readme[1]}"' in script
 
 
 def test_custom_strategy_example_matches_plain_pytorch():

@@ -1,6 +1,7 @@
 """compile= against eager over the space users live in (tests/training/compile_space.py): each drawn configuration
-is fitted eagerly and compiled, and every History value must agree within 1e-5 (2e-3 under bf16-mixed, where a
-fused kernel rounds its products once), the weights too where SGD carries differences as they are.
+is fitted eagerly and compiled, and every History value must agree within 1e-5 (under bf16-mixed, where a traced
+program rounds at other points, 2e-3, and an accuracy within 3 of its 60 samples: a near tie may flip), the weights
+too where SGD carries differences as they are.
 
 Most configurations compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step
 programs, their guards, the direct call, the optimizer state and learning rates easyfit hands them) without
@@ -32,8 +33,8 @@ def test_compiled_fit_equals_eager(index):
         warnings.simplefilter("ignore")
         eager_net, eager = fit(config, False)
         net, compiled = fit(config, {"backend": backend})
-    tolerance = 2e-3 if config.precision == "bf16-mixed" else 1e-5
     for key, values in eager.items():
+        tolerance = 1e-5 if config.precision != "bf16-mixed" else 0.05 if "accuracy" in key else 2e-3
         assert compiled[key] == pytest.approx(values, abs=tolerance, rel=tolerance), (key, backend)
     if config.well_conditioned and config.precision != "bf16-mixed":
         for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
