@@ -75,7 +75,7 @@ class DirectProgram:
         if self.captured is not None:   # a graph was compiled: its names must have found the very tensors traced
             graph, paths, example = self.captured
             self.captured = None
-            from torch._dynamo.eval_frame import _debug_get_cache_entry_list   # torch._dynamo loads in seconds
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # torch._dynamo loads in seconds
             entries = _debug_get_cache_entry_list(self.code)
             if entries and [id(tensor) for tensor in _gather(paths, args)] == example:
                 self.direct.insert(0, (entries[0].guard_manager, graph, paths))
