@@ -1,10 +1,11 @@
-"""fit / evaluate / predict with `compile=...`: each step compiled once, with static shapes.
+"""fit / evaluate / predict with `compile=...`: each step compiled once, with the sizes that change dynamic.
 
 Where it can (one process, SGD / Adam / AdamW, no loss scaler), fit runs each training step, or N of them
 (`steps_per_execution`), as one program: easyfit.training.functional_step and multi_step. Elsewhere the forward
 and the loss of a batch are compiled together (their backward with them, by AOTAutograd) for the shapes of the
-first batch; a batch of other shapes (the short last batch of an epoch) runs eagerly, so nothing
-recompiles and no sample is dropped. Padding that batch instead would change what a BatchNorm layer or a
+first batch, with the dimensions seen to change between batches dynamic (easyfit.training.shape_family); a batch
+that differs in its batch size only (the short last batch of an epoch) runs eagerly, so nothing recompiles and no
+sample is dropped. Padding that batch instead would change what a BatchNorm layer or a
 mean-reduced loss computes. The optimizer step is compiled too (a torch.optim optimizer without a loss scaler), with
 each group's learning rate held in a tensor, so schedules and warmup change it without recompiling.
 """
@@ -19,9 +20,10 @@ import torch
 
 from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
-from easyfit.training.functional_step import ShapeChanges, make_program, own_cache, shapes_of, unfusable_reason
+from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
 from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
+from easyfit.training.shape_family import ShapeFamily
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KEYWORDS = ("backend", "mode", "options", "fullgraph", "dynamic")
@@ -80,8 +82,9 @@ def compile_arguments(settings: dict, extra: dict) -> dict:
 
 
 class CompiledStep:
-    """`forward_loss` compiled for the shapes of the first batch it is given; other shapes run eagerly (unless
-    the options ask for dynamic shapes). Each call's first batch runs eagerly anyway, with its checks
+    """`forward_loss` compiled for the shapes of the first batch it is given, with the dimensions seen to change
+    dynamic (easyfit.training.shape_family); a batch that differs in its batch size only (a short last batch) runs
+    eagerly, unless the options ask for dynamic shapes. Each call's first batch runs eagerly anyway, with its checks
     (easyfit.training.first_batch)."""
 
     def __init__(self, settings: dict):
@@ -90,17 +93,16 @@ class CompiledStep:
         self.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
         self.compiled = torch.compile(own_cache(forward_loss), **options)
         self.options = options
-        self.shapes: tuple | None = None
-        self.shape_changes = ShapeChanges()
+        self.family: ShapeFamily | None = None
         self.net_forward: tuple[torch.nn.Module, Callable] | None = None   # (a wrapped net, its compiled forward)
 
     def __call__(self, net, loss_fn, inputs, target):
         if self.static:
             shapes = shapes_of(inputs, target)
-            self.shapes = self.shapes or shapes
-            if shapes != self.shapes:   # another shape (the short last batch): eagerly, so nothing recompiles
-                self.shape_changes.seen(shapes)
+            self.family = self.family or ShapeFamily(shapes)
+            if not self.family.takes(shapes, None):   # a short last batch: eagerly, so nothing recompiles
                 return forward_loss(net, loss_fn, inputs, target)
+            self.family.mark(inputs, target)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with self._wrapped_net_compiled(net):

@@ -14,7 +14,6 @@ own (see `own_cache`), so its recompilations count against its own limit.
 from __future__ import annotations
 
 import types
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -94,23 +93,6 @@ class ProgramKey:
     weighted: bool
     outputs: bool                           # return the outputs (for metrics)
     trainable: tuple[bool, ...]             # per parameter: requires_grad (a frozen one gets no gradient, no update)
-
-
-class ShapeChanges:
-    """Counts the batch shapes other than the first that a compiled step ran eagerly, and says once when there is more
-    than one (the short last batch of an epoch is one): batches whose shapes change run eagerly, unseen otherwise."""
-
-    def __init__(self):
-        self.others: set = set()
-
-    def seen(self, shapes: tuple) -> None:
-        if len(self.others) < 2:
-            self.others.add(shapes)
-            if len(self.others) == 2:
-                warnings.warn("compile=: batches come in several shapes; each batch of another shape than the first "
-                              "runs eagerly (a short last batch is one such). For data whose shapes change "
-                              "(sequences padded per batch), pad to a few fixed lengths, or pass "
-                              "compile={'dynamic': True} with steps_per_execution=1", stacklevel=4)
 
 
 def own_cache(function: Callable) -> Callable:

@@ -7,8 +7,10 @@ batch after it, and the batch hooks see every N-th batch:
 `on_train_batch_begin` the call's first, and `on_train_batch_end` its last. Epoch hooks, metrics, checkpoints and
 the History see what an eager fit shows.
 
-Batches of other shapes than the first (the short last batch) run eagerly, so nothing recompiles; a run of fewer
-than N batches before one (or at the end of the epoch) runs through the one-step program.
+Batches whose sizes change (sequences padded per batch) run in programs compiled with the changing dimensions
+dynamic (easyfit.training.shape_family); an epoch's short last batch runs eagerly, so the batch dimension stays
+static. A run of fewer than N batches before an eager one (or at the end of the epoch) runs through the one-step
+program.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.weights import WeightedLoss
 from easyfit.training import functional_step as fs
+from easyfit.training.shape_family import ShapeFamily
 from easyfit.training.tracking import BatchLogs
 from easyfit.utils.checks import check_positive_int
 
@@ -65,13 +68,12 @@ class FusedTraining:
     def __init__(self, loop, steps: int, build, programs: dict):
         self.loop, self.steps, self.build, self.programs = loop, steps, build, programs
         self.names = fs.ParameterNames(loop.net, loop.optimizer)
-        self.shapes: tuple | None = None
-        self.shape_changes = fs.ShapeChanges()
+        self.family: ShapeFamily | None = None
         self.rates: torch.Tensor | None = None
         self.rate_values: list | None = None
         self.cuda_graphs = self.declined = False
         self.state_lists, self.state_of = None, None
-        self.found: dict = {}   # (steps, optimizer settings, weighted, trainable): program, for this fit
+        self.found: dict = {}   # (steps, optimizer settings, weighted, trainable, free dims): program, this fit
 
     def ready(self, step: int) -> bool:
         """Whether the programs can take over at batch `step`: at the start of an accumulation window, with the
@@ -98,9 +100,8 @@ class FusedTraining:
             inputs, target = split_batch(precision.convert_input(batch))
             weights = loop.loss_fn.weights if weighted else None
             shapes = fs.shapes_of(inputs, target, weights)
-            self.shapes = self.shapes or shapes
-            if shapes != self.shapes:   # another shape: eagerly, after the batches before it
-                self.shape_changes.seen(shapes)
+            self.family = self.family or ShapeFamily(shapes)
+            if not self.family.takes(shapes, last + 1 == run.num_batches):   # eagerly, after the batches before it
                 if self._flush(pending, run) or loop.train_batch(last, batch, run):
                     return last, True
                 pending = []
@@ -127,6 +128,8 @@ class FusedTraining:
         rates = self._rates(pattern)
         program = self._program(pattern, items[0][3] is not None, run)
         params = self.names.params
+        for _, inputs, target, weights in items:
+            self.family.mark(inputs, target, weights)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
@@ -175,12 +178,12 @@ class FusedTraining:
         loop = self.loop
         settings = fs.optimizer_settings(loop.optimizer)
         trainable = tuple(p.requires_grad for p in self.names.params)
-        program = self.found.get((pattern, settings, weighted, trainable))
+        program = self.found.get((pattern, settings, weighted, trainable, self.family.free))
         if program is None:
-            key = fs.ProgramKey(pattern, self.shapes, settings, run.divisor, loop.settings.gradient_clip_val,
+            key = fs.ProgramKey(pattern, self.family.template, settings, run.divisor, loop.settings.gradient_clip_val,
                                 loop.precision.autocast_dtype, weighted, bool(loop.metrics), trainable)
             if key not in self.programs:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)
-            program = self.found[pattern, settings, weighted, trainable] = self.programs[key]
+            program = self.found[pattern, settings, weighted, trainable, self.family.free] = self.programs[key]
         return program
 

@@ -1,0 +1,65 @@
+"""compile= on batches whose sizes change (token sequences padded to each batch's longest): the changing dimension is
+compiled as dynamic, once, and the fit equals the eager one."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.utils
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+
+import easyfit
+
+
+class MeanOfTokens(nn.Module):
+    """Token ids (0 pads) -> the mean of their embeddings over the real tokens -> 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8, padding_idx=0)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        mask = (ids != 0).unsqueeze(-1).float()
+        return self.head(torch.tanh((self.embedding(ids) * mask).sum(1) / mask.sum(1)))
+
+
+def sequences(count: int = 120, shortest: int = 3, longest: int = 30) -> list:
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(count):
+        length = int(torch.randint(shortest, longest + 1, (1,), generator=generator))
+        ids = torch.randint(1, 20, (length,), generator=generator)
+        samples.append((ids, int(ids[0]) % 3))
+    return samples
+
+
+def padded(batch):
+    ids, labels = zip(*batch)
+    return pad_sequence(ids, batch_first=True), torch.tensor(labels)
+
+
+def _fit(compile, **options):
+    torch.manual_seed(0)
+    net = MeanOfTokens()
+    model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.5, metrics=["accuracy"])
+    loader = DataLoader(sequences(), batch_size=16, collate_fn=padded)   # 8 batches, the last one of 8
+    history = model.fit(loader, epochs=3, verbose=0, compile=compile, validation_data=loader, **options)
+    return net, model, history.history
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_padded_batches_of_changing_length_compile_once_and_equal_eager(steps_per_execution):
+    eager_net, _, eager = _fit(False)
+    torch._dynamo.utils.counters.clear()
+    net, model, compiled = _fit({"backend": "aot_eager"}, steps_per_execution=steps_per_execution)
+    for key, values in eager.items():
+        assert compiled[key] == pytest.approx(values, abs=1e-5), key
+    for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=name)
+    programs = [key for value in model.compiled_steps.cache.values() if isinstance(value, dict) for key in value]
+    dynamic = [key for key in programs if any(None in sizes for sizes, _, _ in key.shapes)]
+    assert dynamic and len(programs) <= 4, programs   # the first batch's, then those with the length dynamic
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs <= 8, f"{graphs} graphs compiled for 24 batches of 21 lengths"
