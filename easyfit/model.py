@@ -344,8 +344,9 @@ class Model(OnBatchCalls):
         self._precision = strategy.precision_plugin(self._precision, run.precision)
         launcher = strategy.launcher
         hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
+        say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
         try:
-            with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy):
+            with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy, say):
                 result = CALLS[method](self, run, **inputs)
             if not hand_back:
                 return result, None

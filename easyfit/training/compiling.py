@@ -248,13 +248,19 @@ class CompiledSteps:
         return runner
 
     @contextlib.contextmanager
-    def running(self, value: Any, strategy):
+    def running(self, value: Any, strategy, say: Callable[[str], Any] | None = None):
         """The settings of a call's `compile` option in force during the call, under the strategy's compile
-        context."""
+        context; `say` (print, say) gets a line on what the call compiled and how long that took."""
         self.settings = compile_settings(value)
+        before = compile_totals() if self.settings is not None and say is not None else None
         try:
             with strategy.compile_context() if self.settings is not None else contextlib.nullcontext():
                 yield
+            if before is not None:
+                graphs, seconds = (now - then for now, then in zip(compile_totals(), before))
+                programs = sum(len(value) for value in self.cache.values() if isinstance(value, dict))
+                say(f"compile=: {graphs} graph{'s' * (graphs != 1)} compiled in {seconds:.1f} s; {programs} "
+                    f"whole-step training program{'s' * (programs != 1)}")
         finally:
             self.settings = None
 
@@ -266,6 +272,12 @@ class CompiledSteps:
     def __getstate__(self) -> dict:
         """Compiled functions do not pickle: a process that receives the Model compiles its own."""
         return {"settings": self.settings, "cache": {}, "declined": set()}
+
+
+def compile_totals() -> tuple[int, float]:
+    """(graphs compiled, seconds spent compiling) in this process so far, as torch.compile counts them."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    return counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ()))
 
 
 def check_compile(value: Any, strategy, options=None) -> None:

@@ -2,6 +2,8 @@
 compiled as dynamic, once, and the fit equals the eager one."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch._dynamo.utils
@@ -63,3 +65,14 @@ def test_padded_batches_of_changing_length_compile_once_and_equal_eager(steps_pe
     assert dynamic and len(programs) <= 4, programs   # the first batch's, then those with the length dynamic
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs <= 8, f"{graphs} graphs compiled for 24 batches of 21 lengths"
+
+
+def test_the_fit_says_what_it_compiled_and_how_long_it_took(capsys):
+    _fit({"backend": "aot_eager"}, steps_per_execution=3)   # verbose=0: nothing said
+    assert "compile=:" not in capsys.readouterr().out
+    torch.manual_seed(0)
+    model = easyfit.Model(MeanOfTokens(), "cross_entropy", "sgd", lr=0.5)
+    model.fit(DataLoader(sequences(), batch_size=16, collate_fn=padded), epochs=2, verbose=2,
+              compile={"backend": "aot_eager"}, steps_per_execution=3)
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile=:"))
+    assert re.fullmatch(r"compile=: \d+ graphs? compiled in \d+\.\d s; 2 whole-step training programs", line), line
