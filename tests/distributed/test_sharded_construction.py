@@ -190,3 +190,10 @@ def test_a_meta_net_fits_only_under_fsdp_and_loads_a_saved_state(tmp_path):
     trained.save(tmp_path / "plain.pt")
     restored = easyfit.Model.load(tmp_path / "plain.pt", net=net)   # a meta net is materialized to take it
     torch.testing.assert_close(restored.predict(x), trained.predict(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("option", [{"comm_hook": "fp16"}, {"model_averaging_period": 4}])
+def test_fsdp_refuses_ddp_gradient_communication_it_would_ignore(option):
+    from easyfit.distributed.strategies.fsdp import FSDPStrategy
+    with pytest.raises(ValueError, match=rf"FSDPStrategy does not take {next(iter(option))}: DDP's gradient"):
+        FSDPStrategy(**option)

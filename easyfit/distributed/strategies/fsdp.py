@@ -79,6 +79,11 @@ def shard_units(net: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
+#: DDPStrategy's options for its gradient all-reduce, which FSDP does not run
+DDP_COMMUNICATION = ("comm_hook", "powersgd_rank", "powersgd_start_step", "model_averaging_period",
+                     "model_averaging_warmup")
+
+
 class FSDPStrategy(DDPStrategy):
     """strategy="fsdp" / "fsdp_cpu_offload".
 
@@ -94,6 +99,11 @@ class FSDPStrategy(DDPStrategy):
 
     def __init__(self, *args, cpu_offload: bool = False, state_dict_type: str = "full", hand_back: bool = True,
                  **kwargs):
+        ignored = [name for name in DDP_COMMUNICATION if name in kwargs]
+        if ignored:
+            raise ValueError(f"FSDPStrategy does not take {', '.join(ignored)}: DDP's gradient communication "
+                             "options, which FSDP (it reduce-scatters the sharded gradients itself) would ignore; use "
+                             "DDPStrategy for compressed gradients or local SGD")
         super().__init__(*args, **kwargs)
         if state_dict_type not in STATE_FORMATS:
             raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
