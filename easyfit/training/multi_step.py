@@ -7,10 +7,10 @@ batch after it, and the batch hooks see every N-th batch:
 `on_train_batch_begin` the call's first, and `on_train_batch_end` its last. Epoch hooks, metrics, checkpoints and
 the History see what an eager fit shows.
 
-Batches whose sizes change (sequences padded per batch) run in programs compiled with the changing dimensions
-dynamic (easyfit.training.shape_family); an epoch's short last batch runs eagerly, so the batch dimension stays
-static. A run of fewer than N batches before an eager one (or at the end of the epoch) runs through the one-step
-program.
+Batches of other shapes than the first run eagerly: an epoch's short last batch, so the batch dimension stays
+static; and once batches change size mid-epoch (sequences padded per batch), the fit's steps go to the separately
+compiled parts, which compile the changing dimensions as dynamic (easyfit.training.shape_family), said once. A run
+of fewer than N batches before an eager one (or at the end of the epoch) runs through the one-step program.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class FusedTraining:
         self.rate_values: list | None = None
         self.cuda_graphs = self.declined = False
         self.state_lists, self.state_of = None, None
-        self.found: dict = {}   # (steps, optimizer settings, weighted, trainable, free dims): program, this fit
+        self.found: dict = {}   # (steps, optimizer settings, weighted, trainable): program, for this fit
 
     def ready(self, step: int) -> bool:
         """Whether the programs can take over at batch `step`: at the start of an accumulation window, with the
@@ -100,8 +100,11 @@ class FusedTraining:
             inputs, target = split_batch(precision.convert_input(batch))
             weights = loop.loss_fn.weights if weighted else None
             shapes = fs.shapes_of(inputs, target, weights)
-            self.family = self.family or ShapeFamily(shapes)
-            if not self.family.takes(shapes, last + 1 == run.num_batches):   # eagerly, after the batches before it
+            closing = last + 1 == run.num_batches
+            if self.family is None and not closing:   # a short last batch does not set the shapes
+                self.family = ShapeFamily(shapes, may_free=False)
+            if self.declined or self.family is None or not self.family.takes(shapes, closing):
+                self._decline_resized()   # eagerly or in parts, after the batches before it
                 if self._flush(pending, run) or loop.train_batch(last, batch, run):
                     return last, True
                 pending = []
@@ -112,6 +115,15 @@ class FusedTraining:
                     return last, True
                 pending = []
         return last, self._flush(pending, run)
+
+    def _decline_resized(self) -> None:
+        """Batches that change size (sequences padded per batch) go to the separately compiled parts, which
+        compile the changing dimensions as dynamic; said once."""
+        if self.family is not None and self.family.resized and not self.declined:
+            self.declined = True
+            warnings.warn("compile=: the batches change size between batches, which the whole-step program does not "
+                          "take; the step runs as separately compiled parts (forward with loss, optimizer step) "
+                          "with the changing dimensions dynamic", stacklevel=4)
 
     def _flush(self, pending: list, run) -> bool:
         """The batches of a run shorter than N, one per call."""
@@ -128,8 +140,6 @@ class FusedTraining:
         rates = self._rates(pattern)
         program = self._program(pattern, items[0][3] is not None, run)
         params = self.names.params
-        for _, inputs, target, weights in items:
-            self.family.mark(inputs, target, weights)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
@@ -178,12 +188,12 @@ class FusedTraining:
         loop = self.loop
         settings = fs.optimizer_settings(loop.optimizer)
         trainable = tuple(p.requires_grad for p in self.names.params)
-        program = self.found.get((pattern, settings, weighted, trainable, self.family.free))
+        program = self.found.get((pattern, settings, weighted, trainable))
         if program is None:
             key = fs.ProgramKey(pattern, self.family.template, settings, run.divisor, loop.settings.gradient_clip_val,
                                 loop.precision.autocast_dtype, weighted, bool(loop.metrics), trainable)
             if key not in self.programs:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)
-            program = self.found[pattern, settings, weighted, trainable, self.family.free] = self.programs[key]
+            program = self.found[pattern, settings, weighted, trainable] = self.programs[key]
         return program
 

@@ -29,8 +29,10 @@ def tensors_of(*trees) -> list[torch.Tensor]:
 class ShapeFamily:
     """The first batch's layout and the dimensions (tensor index, dimension) freed since."""
 
-    def __init__(self, first: tuple):
+    def __init__(self, first: tuple, may_free: bool = True):
         self.first = layout(first)
+        self.may_free = may_free   # False: a change of size is recorded (`resized`), not compiled
+        self.resized = False
         self.free: frozenset = frozenset()
         self.template = tuple(self.first)
         self.strangers: set = set()   # layouts that ran eagerly
@@ -49,6 +51,9 @@ class ShapeFamily:
         if changed <= self.free:
             return True
         if closing or closing is None and all(dim == 0 for _, dim in changed):
+            return False
+        if not self.may_free:
+            self.resized = True
             return False
         self.free = self.free | changed
         self.template = tuple((tuple(None if (index, dim) in self.free else size for dim, size in enumerate(sizes)),

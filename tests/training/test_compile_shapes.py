@@ -1,7 +1,9 @@
 """compile= on batches whose sizes change (token sequences padded to each batch's longest): the changing dimension is
-compiled as dynamic, once, and the fit equals the eager one."""
+compiled as dynamic, once, and the fit equals the eager one. The whole-step program hands such a fit to the
+separately compiled parts (torch cannot trace a Dropout under torch.func.grad with symbolic sizes), and says so."""
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -20,11 +22,12 @@ class MeanOfTokens(nn.Module):
     def __init__(self):
         super().__init__()
         self.embedding = nn.Embedding(20, 8, padding_idx=0)
+        self.dropout = nn.Dropout(0.1)
         self.head = nn.Linear(8, 3)
 
     def forward(self, ids):
         mask = (ids != 0).unsqueeze(-1).float()
-        return self.head(torch.tanh((self.embedding(ids) * mask).sum(1) / mask.sum(1)))
+        return self.head(torch.tanh((self.dropout(self.embedding(ids)) * mask).sum(1) / mask.sum(1)))
 
 
 def sequences(count: int = 120, shortest: int = 3, longest: int = 30) -> list:
@@ -55,14 +58,15 @@ def _fit(compile, **options):
 def test_padded_batches_of_changing_length_compile_once_and_equal_eager(steps_per_execution):
     eager_net, _, eager = _fit(False)
     torch._dynamo.utils.counters.clear()
-    net, model, compiled = _fit({"backend": "aot_eager"}, steps_per_execution=steps_per_execution)
+    with pytest.warns(UserWarning, match="change size between batches") if steps_per_execution > 1 else \
+            contextlib.nullcontext():
+        net, model, compiled = _fit({"backend": "aot_eager"}, steps_per_execution=steps_per_execution)
     for key, values in eager.items():
         assert compiled[key] == pytest.approx(values, abs=1e-5), key
     for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=name)
-    programs = [key for value in model.compiled_steps.cache.values() if isinstance(value, dict) for key in value]
-    dynamic = [key for key in programs if any(None in sizes for sizes, _, _ in key.shapes)]
-    assert dynamic and len(programs) <= 4, programs   # the first batch's, then those with the length dynamic
+    step = next(value for key, value in model.compiled_steps.cache.items() if key[0] == "train")
+    assert step.family.free == {(0, 1)}   # the token dimension of the ids, dynamic
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs <= 8, f"{graphs} graphs compiled for 24 batches of 21 lengths"
 
@@ -75,4 +79,4 @@ def test_the_fit_says_what_it_compiled_and_how_long_it_took(capsys):
     model.fit(DataLoader(sequences(), batch_size=16, collate_fn=padded), epochs=2, verbose=2,
               compile={"backend": "aot_eager"}, steps_per_execution=3)
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile=:"))
-    assert re.fullmatch(r"compile=: \d+ graphs? compiled in \d+\.\d s; 2 whole-step training programs", line), line
+    assert re.fullmatch(r"compile=: \d+ graphs? compiled in \d+\.\d s; [01] whole-step training programs?", line), line
