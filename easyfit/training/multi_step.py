@@ -93,7 +93,7 @@ class FusedTraining:
         return self._train(batches, step, run)[0]
 
     def _train(self, batches, step: int, run) -> tuple[int, bool]:
-        loop, precision, pending = self.loop, self.loop.precision, []
+        loop, precision, pending, raw = self.loop, self.loop.precision, [], []
         weighted = isinstance(loop.loss_fn, WeightedLoss)
         last = step - 1
         for last, batch in enumerate(batches, step):
@@ -104,26 +104,33 @@ class FusedTraining:
             if self.family is None and not closing:   # a short last batch does not set the shapes
                 self.family = ShapeFamily(shapes, may_free=False)
             if self.declined or self.family is None or not self.family.takes(shapes, closing):
-                self._decline_resized()   # eagerly or in parts, after the batches before it
-                if self._flush(pending, run) or loop.train_batch(last, batch, run):
+                # eagerly or in parts, after the batches before it (in parts too once the fit declined: no
+                # program is compiled for batches the fit will not take again)
+                stopped = any(loop.train_batch(index, waiting, run) for index, waiting in raw) \
+                    if self._decline_resized() else self._flush(pending, run)
+                if stopped or loop.train_batch(last, batch, run):
                     return last, True
-                pending = []
+                pending, raw = [], []
                 continue
             pending.append((last, inputs, target, weights))
+            raw.append((last, batch))
             if len(pending) == self.steps:
                 if self._call(pending, run):
                     return last, True
-                pending = []
+                pending, raw = [], []
         return last, self._flush(pending, run)
 
-    def _decline_resized(self) -> None:
-        """Batches that change size (sequences padded per batch) go to the separately compiled parts, which
-        compile the changing dimensions as dynamic; said once."""
+    def _decline_resized(self) -> bool:
+        """Whether the fit has declined the whole-step programs (now or before): batches that change size (sequences
+        padded per batch) go to the separately compiled parts, which compile the changing dimensions as dynamic;
+        said once."""
         if self.family is not None and self.family.resized and not self.declined:
             self.declined = True
             warnings.warn("compile=: the batches change size between batches, which the whole-step program does not "
                           "take; the step runs as separately compiled parts (forward with loss, optimizer step) "
                           "with the changing dimensions dynamic", stacklevel=4)
+            return True
+        return self.declined
 
     def _flush(self, pending: list, run) -> bool:
         """The batches of a run shorter than N, one per call."""

@@ -40,8 +40,8 @@ class ShapeFamily:
     def takes(self, shapes: tuple, closing: bool | None) -> bool:
         """Whether a batch of `shapes` runs in this family's programs, freeing the dimensions it differs in unless
         it is an epoch's last batch (`closing`): a short last batch runs eagerly rather than make the batch
-        dimension dynamic for the whole fit. `closing` None (where the position is unknown): a batch that differs
-        in its first dimensions only is taken for a last batch."""
+        dimension dynamic for the whole fit. `closing` None (where the position is unknown): a batch whose batch size
+        differs runs eagerly (a short last batch), and only other dimensions are freed."""
         found = layout(shapes)
         if not self._same_layout(found):
             self._stranger(shapes)
@@ -50,7 +50,7 @@ class ShapeFamily:
                    for dim, (size, new) in enumerate(zip(first[0], now[0])) if size != new}
         if changed <= self.free:
             return True
-        if closing or closing is None and all(dim == 0 for _, dim in changed):
+        if closing or closing is None and any(dim == 0 for _, dim in changed - self.free):
             return False
         if not self.may_free:
             self.resized = True
