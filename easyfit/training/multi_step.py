@@ -197,7 +197,7 @@ class FusedTraining:
         trainable = tuple(p.requires_grad for p in self.names.params)
         program = self.found.get((pattern, settings, weighted, trainable))
         if program is None:
-            key = fs.ProgramKey(pattern, self.family.template, settings, run.divisor, loop.settings.gradient_clip_val,
+            key = fs.ProgramKey(pattern, self.family.first, settings, run.divisor, loop.settings.gradient_clip_val,
                                 loop.precision.autocast_dtype, weighted, bool(loop.metrics), trainable)
             if key not in self.programs:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)

@@ -30,11 +30,10 @@ class ShapeFamily:
     """The first batch's layout and the dimensions (tensor index, dimension) freed since."""
 
     def __init__(self, first: tuple, may_free: bool = True):
-        self.first = layout(first)
+        self.first = tuple(layout(first))
         self.may_free = may_free   # False: a change of size is recorded (`resized`), not compiled
         self.resized = False
         self.free: frozenset = frozenset()
-        self.template = tuple(self.first)
         self.strangers: set = set()   # layouts that ran eagerly
 
     def takes(self, shapes: tuple, closing: bool | None) -> bool:
@@ -56,8 +55,6 @@ class ShapeFamily:
             self.resized = True
             return False
         self.free = self.free | changed
-        self.template = tuple((tuple(None if (index, dim) in self.free else size for dim, size in enumerate(sizes)),
-                               dtype, device) for index, (sizes, dtype, device) in enumerate(self.first))
         return True
 
     def mark(self, *trees) -> None:
