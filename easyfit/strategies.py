@@ -11,7 +11,7 @@ CLASSES = {
     "Strategy": ("easyfit.distributed.strategies.base", "Strategy"),
     "SingleDevice": ("easyfit.distributed.strategies.single", "SingleDeviceStrategy"),
     "DDP": ("easyfit.distributed.strategies.ddp", "DDPStrategy"),
-    "ParallelStrategy": ("easyfit.distributed.strategies.ddp", "ParallelStrategy"),
+    "ParallelStrategy": ("easyfit.distributed.strategies.parallel", "ParallelStrategy"),
     "DataParallel": ("easyfit.distributed.strategies.dp", "DataParallelStrategy"),
     "DDP2": ("easyfit.distributed.strategies.ddp2", "DDP2Strategy"),
     "Zero": ("easyfit.distributed.strategies.zero", "ZeroStrategy"),

@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
 from easyfit.data.batches import interleave, make_batches
-from easyfit.distributed.strategies.ddp import DDPStrategy, DistributedSamplerWrapper
+from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.parallel import DistributedSamplerWrapper
 
 WORLD_SIZE = 2
 

@@ -63,7 +63,7 @@ class RestartingLauncher(Launcher):
         """A new attempt: no process group or store left in this process, and a new port unless the user gave one
         (a new store there holds none of the old attempt's keys, such as the dead ranks' addresses)."""
         from easyfit.distributed.launchers.script import forget_stopped_ranks
-        from easyfit.distributed.strategies.ddp import destroy_process_group
+        from easyfit.distributed.strategies.parallel import destroy_process_group
         destroy_process_group()
         forget_stopped_ranks()
         if GIVEN_PORT is None:

@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategies.ddp import DEFAULT_TIMEOUT, ParallelStrategy
+from easyfit.distributed.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
-DDP_IMPORT = "from easyfit.distributed.strategies.ddp import DDPStrategy"
+DDP_IMPORT = "from easyfit.distributed.strategies.parallel import DDPStrategy"
 
 
 @dataclass(frozen=True)

@@ -204,12 +204,23 @@ class Strategy:
         """Put back what `device_rng_state` saved in the checkpoint `state` (resuming)."""
 
     # --- data -----------------------------------------------------------------------
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which share of the data this rank trains on: its rank, unless ranks form groups that take one batch
+        together (a pipeline's stages, a tensor-parallel group)."""
+        return self.global_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many shares the data is split into: one per rank unless ranks form groups (`data_parallel_rank`)."""
+        return self.world_size
+
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
         return EpochSampler(dataset_len, shuffle=shuffle, seed=seed)
 
     def eval_sampler(self, dataset_len: int) -> Sampler:
         """Every sample exactly once across all ranks (no padding), so metrics are exact."""
-        return EvalSampler(dataset_len, rank=self.global_rank, world_size=self.world_size)
+        return EvalSampler(dataset_len, rank=self.data_parallel_rank, world_size=self.data_parallel_size)
 
     def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
         """Give this rank its share of a sampler the user wrote."""

@@ -10,7 +10,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from easyfit.distributed.strategies.ddp import ParallelStrategy
+from easyfit.distributed.strategies.parallel import ParallelStrategy
 from easyfit.parts.precision import Precision
 
 

@@ -10,12 +10,11 @@ import contextlib
 from typing import Any
 
 import torch
-from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper
+from easyfit.distributed.strategies.parallel import DataParallelShares
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
@@ -24,7 +23,7 @@ from easyfit.saving.checkpoint import load_checkpoint_file
 REDUCE_OPS = {"sum": "Sum", "mean": "Average", "max": "Max", "min": "Min"}
 
 
-class HorovodStrategy(Strategy):
+class HorovodStrategy(DataParallelShares, Strategy):
     """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16."""
 
     name = "horovod"
@@ -160,13 +159,6 @@ class HorovodStrategy(Strategy):
         return hvd.broadcast_object(state, root_rank=0, name="easyfit.saving.checkpoint")
 
     # --- data -----------------------------------------------------------------------
-    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
-        return DistributedSampler(range(dataset_len), num_replicas=self.world_size, rank=self.global_rank,
-                                  shuffle=shuffle, seed=seed)
-
-    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
-        return DistributedSamplerWrapper(sampler, self.global_rank, self.world_size)
-
     # --- step -----------------------------------------------------------------------
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad()   # Horovod's zero_grad takes no arguments; it sets gradients to None

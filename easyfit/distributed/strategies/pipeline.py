@@ -13,12 +13,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.data.batches import interleave
-from easyfit.data.samplers import EvalSampler
-from easyfit.distributed.strategies.ddp import DistributedSamplerWrapper, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.ddp2 import average_gradients
+from easyfit.distributed.strategies.parallel import ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategy_parts.pipeline_state import (
@@ -278,13 +276,10 @@ class PipelineStrategy(ParallelStrategy):
         return gathered
 
     # --- data: one share per replica ------------------------------------------------
-    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
-        layout = self.layout
-        return DistributedSampler(range(dataset_len), num_replicas=layout.replicas, rank=layout.replica,
-                                  shuffle=shuffle, seed=seed)
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.layout.replica
 
-    def eval_sampler(self, dataset_len: int) -> Sampler:
-        return EvalSampler(dataset_len, rank=self.layout.replica, world_size=self.layout.replicas)
-
-    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
-        return DistributedSamplerWrapper(sampler, self.layout.replica, self.layout.replicas)
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.replicas
