@@ -17,6 +17,7 @@ import os
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.sharded import ShardedTraining
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
@@ -25,7 +26,6 @@ from easyfit.distributed.strategy_parts.sharding import (
     copy_to_train,
     directory_outside_fit,
     hand_back_weights,
-    move_scheduler,
     optimizer_params,
     param_names,
     plain_on_device,
@@ -59,7 +59,7 @@ def cast_inputs(module: torch.nn.Module, dtype: torch.dtype) -> None:
     module.register_forward_pre_hook(lambda _, args, kwargs: (cast(args), cast(kwargs)), with_kwargs=True)
 
 
-class DeepSpeedStrategy(DDPStrategy):
+class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
     """strategy="deepspeed" (ZeRO stage 2) and the "deepspeed_stage_*" names; `easyfit.strategies.DeepSpeed`.
 
     Args:
@@ -97,7 +97,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self.name = "deepspeed"
         self.settings = None
         self._sizing_note: str | None = None
-        self.engine = self._optimizer = self._scheduler = self._user_net = None
+        self.engine = self._optimizer = self._user_net = None
         self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
         self._accumulating = False
         self._names: list[str] = []
@@ -180,25 +180,21 @@ class DeepSpeedStrategy(DDPStrategy):
         stepping = client if client is not None else engine.basic_optimizer
         if low is not None:
             cast_inputs(engine.module, low)
-        self.engine, self._optimizer, self._scheduler, self._user_net = engine, stepping, scheduler, net
+        self.engine, self._optimizer, self._user_net = engine, stepping, net
         self._names = names
         self.full_state = FullState(engine, [own[name] for name in names],
                                     [len(group["params"]) for group in optimizer.param_groups], self)
-        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
-            self.load_optimizer_state(stepping, optimizer.state_dict())
-        move_scheduler(scheduler, stepping)
-        return engine, stepping, scheduler
+        return engine, self.take_over_optimizer(optimizer, stepping, scheduler), scheduler
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
-        move_scheduler(self._scheduler, user_optimizer)
-        if not self.gather_at_end:
-            return
-        full, full_optimizer = self.full_state.module_state(), self.full_state.optimizer_state(optimizer)
+    def full_optimizer_state(self, optimizer) -> dict:
+        return self.full_state.optimizer_state(optimizer)
+
+    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
+        full = self.full_state.module_state()
         if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
             self._release_built_net(user_net, user_optimizer, full)
         else:
             hand_back_weights(user_net, full, self.root_device)
-        user_optimizer.load_state_dict(full_optimizer)
 
     def _release_built_net(self, user_net, user_optimizer, full: dict) -> None:
         """The engine lets go of the net built under module_construction(), which becomes a plain module holding

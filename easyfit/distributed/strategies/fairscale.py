@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategy_parts.sharding import constructor_defaults, move_scheduler, regrouped, require
+from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped, require
 
 
-class ShardedStrategy(DDPStrategy):
+class ShardedStrategy(ShardedTraining, DDPStrategy):
     """strategy="ddp_sharded" (script re-launch, torchrun, SLURM) / "ddp_sharded_spawn"."""
 
     supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
@@ -17,7 +18,7 @@ class ShardedStrategy(DDPStrategy):
     def __init__(self, *args, start_method: str = "popen", **kwargs):
         super().__init__(*args, start_method=start_method, **kwargs)
         self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"
-        self._scheduler = self._wrapped = None
+        self._wrapped = None
         self._precision_name = "32"
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
@@ -29,19 +30,11 @@ class ShardedStrategy(DDPStrategy):
         net.to(self.root_device)
         cls = type(optimizer)
         sharded = oss.OSS(regrouped(optimizer, lambda p: p), optim=cls, **constructor_defaults(cls, optimizer.defaults))
-        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
-            sharded.load_state_dict(optimizer.state_dict())
-        move_scheduler(scheduler, sharded)
-        self._scheduler = scheduler
-        self._wrapped = sharded_ddp.ShardedDataParallel(net, sharded)
+        self._wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer, sharded, scheduler))
         return self._wrapped, sharded, scheduler
 
     def configure_training(self, settings) -> None:
         self._precision_name = settings.precision
-
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
-        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
-        move_scheduler(self._scheduler, user_optimizer)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """ShardedDataParallel keeps gradients in reduce buckets: they are zeroed through it (the optimizer's

@@ -17,6 +17,7 @@ from torch import nn
 from easyfit.data.batches import interleave
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.parallel import ParallelStrategy, destroy_process_group
+from easyfit.distributed.strategies.sharded import ShardedTraining
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategy_parts.pipeline_state import (
@@ -25,11 +26,11 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
     stage_optimizer_state,
     stage_part,
 )
-from easyfit.distributed.strategy_parts.sharding import move_scheduler, optimizer_params, rebuild_optimizer
+from easyfit.distributed.strategy_parts.sharding import optimizer_params, rebuild_optimizer
 from easyfit.parts.precision import Precision
 
 
-class PipelineStrategy(ParallelStrategy):
+class PipelineStrategy(ShardedTraining, ParallelStrategy):
     """strategy="pipeline", or `easyfit.strategies.Pipeline(...)` with options.
 
     Args:
@@ -63,7 +64,7 @@ class PipelineStrategy(ParallelStrategy):
             stages = len(balance) // self.chunks
         self.stages, self.microbatches = stages, microbatches
         self._groups, self._own_group = None, False
-        self._net = self._optimizer = self._scheduler = None
+        self._net = self._optimizer = None
         self._global_index: list[int] = []   # each stage parameter's index in the user's optimizer
         self._user_groups: list[dict] = []   # the user's optimizer's param groups (state dict form)
         self._keys: list[str] = []   # the whole net's state dict keys, in order
@@ -161,19 +162,15 @@ class PipelineStrategy(ParallelStrategy):
             group["params"] = [p for p in group["params"] if id(p) in own]
         self._global_index = [indices[id(p)] for p in optimizer_params(rebuilt)]
         self._user_groups, self._keys = optimizer.state_dict()["param_groups"], list(net.state_dict())
-        self._net, self._optimizer, self._scheduler = pipelined, rebuilt, scheduler
-        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
-            self.load_optimizer_state(rebuilt, optimizer.state_dict())
-        move_scheduler(scheduler, rebuilt)
+        self._net, self._optimizer = pipelined, rebuilt
+        self.take_over_optimizer(optimizer, rebuilt, scheduler)
         self._trained = [p for p in pipelined.parameters() if p.requires_grad]
         return pipelined, rebuilt, scheduler
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
-        """Every rank: the whole trained net into the user's net (stage layers were trained in place, the others
-        arrive from their ranks) and the whole optimizer state into the user's optimizer."""
-        move_scheduler(self._scheduler, user_optimizer)
+    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
+        """Every rank: the whole trained net (stage layers were trained in place, the others arrive from their
+        ranks)."""
         user_net.load_state_dict(self.module_state(net))
-        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
 
     def module_for_eval(self, net: nn.Module) -> nn.Module:
         """The pipelined net during fit; outside fit, this rank's stages of the user's net (kept for later calls)."""

@@ -6,10 +6,11 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategy_parts.sharding import constructor_defaults, move_scheduler, regrouped
+from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped
 
 
-class ZeroStrategy(DDPStrategy):
+class ZeroStrategy(ShardedTraining, DDPStrategy):
     """strategy="zero": full parameters and gradients on every rank, optimizer state sharded."""
 
     supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
@@ -17,22 +18,13 @@ class ZeroStrategy(DDPStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.name = "zero"
-        self._scheduler = None
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
         cls = type(optimizer)
         sharded = ZeroRedundancyOptimizer(regrouped(optimizer, lambda p: p), optimizer_class=cls,
                                           **constructor_defaults(cls, optimizer.defaults))
-        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
-            self.load_optimizer_state(sharded, optimizer.state_dict())
-        move_scheduler(scheduler, sharded)
-        self._scheduler = scheduler
-        return net, sharded, scheduler
-
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
-        user_optimizer.load_state_dict(self.optimizer_state(optimizer))
-        move_scheduler(self._scheduler, user_optimizer)
+        return net, self.take_over_optimizer(optimizer, sharded, scheduler), scheduler
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """The full state in the plain optimizer's format, on every rank (gathered on rank 0, then broadcast)."""
