@@ -122,6 +122,16 @@ def infer_task(output: torch.Tensor, target: torch.Tensor, loss_fn: Any) -> Task
     if output.dim() < 2 or output.shape[-1] == 1:
         return Task("binary", 2, outputs, False)
     columns = output.shape[-1]
+    classes_second = target.shape == output.shape[:1] + output.shape[2:]   # (N, C, ...) as torchmetrics takes
+    if output.dim() > 2 and target.shape == output.shape[:-1] and not classes_second:
+        raise ValueError(
+            f"the classification metrics got outputs of shape {tuple(output.shape)} for class targets of shape "
+            f"{tuple(target.shape)}: one score per class for every position (a sequence model's token logits). "
+            "easyfit does not guess how such positions are scored: a causal language model's logits at position t "
+            "predict token t+1 (its own loss shifts them), a tagger's predict token t, and padded positions must "
+            "be skipped. Pass a torchmetrics object that takes your layout (e.g. "
+            "torchmetrics.Accuracy(task='multiclass', num_classes=..., ignore_index=-100) on logits moved to "
+            "(batch, classes, positions) by a wrapper net), or track the loss alone ('loss', 'val_loss').")
     if target.shape != output.shape:   # class indices
         return Task("multiclass", columns, outputs, False)
     if isinstance(loss_fn, CLASS_INDEX_LOSSES):   # class probabilities (one-hot or soft) as targets

@@ -193,3 +193,27 @@ def test_a_large_batch_is_taken_at_once(monkeypatch):
             assert metrics.waiting == []   # the batch before it taken first, then it at once
     correct = sum(int((output.argmax(1) == target).sum()) for output, target in batches)
     assert metrics.compute() == {"accuracy": pytest.approx(correct / 24, abs=1e-7)}
+
+
+class TokenTagger(nn.Module):
+    """Scores every class at every position of a sequence: outputs (batch, positions, classes)."""
+
+    def __init__(self, vocab: int = 10, classes: int = 3):
+        super().__init__()
+        self.embedding, self.head = nn.Embedding(vocab, 8), nn.Linear(8, classes)
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens))
+
+
+def test_named_metrics_on_token_logits_are_refused_with_what_to_do_instead():
+    """Whether position t scores token t or t+1 (a causal LM) is the model's to say: a named metric would score
+    the wrong pairs silently."""
+    tokens = torch.randint(0, 10, (16, 5))
+    model = easyfit.Model(TokenTagger(), loss=lambda out, target: F.cross_entropy(out.transpose(1, 2), target),
+                          metrics=["accuracy"])
+    with pytest.raises(ValueError, match=r"shape \(8, 5, 3\) for class targets of shape \(8, 5\).*token logits"):
+        model.fit(tokens, tokens % 3, batch_size=8, verbose=0)
+    images = torch.randn(4, 3, 3, 3)   # (N, C, H, W) with C == H == W: torchmetrics' own layout, still taken
+    task = metrics_module.infer_task(images, torch.randint(0, 3, (4, 3, 3)), None)
+    assert (task.name, task.classes) == ("multiclass", 3)
