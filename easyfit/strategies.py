@@ -16,6 +16,7 @@ CLASSES = {
     "DDP2": ("easyfit.distributed.strategies.ddp2", "DDP2Strategy"),
     "Zero": ("easyfit.distributed.strategies.zero", "ZeroStrategy"),
     "FSDP": ("easyfit.distributed.strategies.fsdp", "FSDPStrategy"),
+    "ModelParallel": ("easyfit.distributed.strategies.tensor_parallel", "ModelParallelStrategy"),
     "DDPSharded": ("easyfit.distributed.strategies.fairscale", "ShardedStrategy"),
     "DeepSpeed": ("easyfit.distributed.strategies.deepspeed", "DeepSpeedStrategy"),
     "Horovod": ("easyfit.distributed.strategies.horovod", "HorovodStrategy"),

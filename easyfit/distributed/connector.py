@@ -60,6 +60,15 @@ def _fsdp(cpu_offload: bool) -> Callable[[Call], Strategy]:
     return build
 
 
+def _model_parallel(two_d: bool) -> Callable[[Call], Strategy]:
+    def build(call: Call) -> Strategy:
+        from easyfit.distributed.strategies.tensor_parallel import ModelParallelStrategy
+        if two_d:   # TP inside pairs of devices (inside each node on several), FSDP over the rest
+            return ModelParallelStrategy(tensor_parallel_size=2 if call.num_nodes == 1 else "auto")
+        return ModelParallelStrategy(data_parallel_size=1)
+    return build
+
+
 def _sharded(start_method: str) -> Callable[[Call], Strategy]:
     def build(call: Call) -> Strategy:
         from easyfit.distributed.strategies.fairscale import ShardedStrategy
@@ -106,6 +115,8 @@ STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
     "zero": _zero,
     "fsdp": _fsdp(cpu_offload=False),
     "fsdp_cpu_offload": _fsdp(cpu_offload=True),
+    "tp": _model_parallel(two_d=False),
+    "fsdp_tp": _model_parallel(two_d=True),
     "ddp_sharded": _sharded("popen"),
     "ddp_sharded_spawn": _sharded("spawn"),
     "deepspeed": _deepspeed(2),

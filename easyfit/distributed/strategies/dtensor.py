@@ -1,0 +1,207 @@
+"""What the strategies that train DTensor parameters share (FSDP2, tensor and 2-D parallelism): the sharding of a copy
+of the user's net is a hook (`build_mesh`, `shard`); everything around it is here once.
+
+The user's net is not sharded in place: a copy is, the user's optimizer is rebuilt over the copy's parameters, and at
+the end of fit the full trained weights are loaded back into the user's net (`hand_back`), which evaluate, predict
+and `model.save` then use. State dicts gather each DTensor into a full tensor (a collective) unless the checkpoint
+format is "sharded": a torch.distributed.checkpoint directory each rank writes its slices to.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategy_parts import sharding
+from easyfit.distributed.strategy_parts.sharding import (
+    directory_outside_fit,
+    move_scheduler,
+    optimizer_params,
+    param_names,
+    rebuild_optimizer,
+    without_weights,
+)
+from easyfit.saving.backend_folders import check_dcp_folder
+from easyfit.saving.checkpoint import FSDP_META_FILE, load_checkpoint_file, save_checkpoint_file
+
+STATE_FORMATS = ("full", "sharded")
+#: DDPStrategy's options for its gradient all-reduce, which the DTensor strategies do not run
+DDP_COMMUNICATION = ("comm_hook", "powersgd_rank", "powersgd_start_step", "model_averaging_period",
+                     "model_averaging_warmup")
+
+
+def full_tensor(value):
+    """A DTensor gathered into one ordinary tensor on the CPU (a collective); other values as they are."""
+    return value.full_tensor().cpu() if isinstance(value, DTensor) else value
+
+
+def shard_like(value, reference):
+    """`value` (a full tensor every rank holds) cut into `reference`'s DTensor layout, without communication."""
+    if not isinstance(reference, DTensor) or not isinstance(value, torch.Tensor) or isinstance(value, DTensor) \
+            or value.shape != reference.shape:
+        return value
+    local = value.to(device=reference.device, dtype=reference.dtype)
+    return distribute_tensor(local, reference.device_mesh, reference.placements, src_data_rank=None)
+
+
+def holds_dtensors(net: torch.nn.Module) -> bool:
+    """Whether `net` is a sharded training copy: some of its parameters are DTensors."""
+    return any(isinstance(param, DTensor) for param in net.parameters())
+
+
+class DTensorStrategy(DDPStrategy):
+    """The contract for a copy of the user's net whose parameters are DTensors on a device mesh.
+
+    Args:
+        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (a torch.distributed.checkpoint
+            directory each rank writes its shard to; for nets too big to gather on one rank).
+        hand_back: put the full trained weights into the user's net at the end of fit (False for nets too big to
+            gather on one rank: save a sharded checkpoint instead).
+    """
+
+    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
+
+    def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
+        ignored = [name for name in DDP_COMMUNICATION if name in kwargs]
+        if ignored:
+            raise ValueError(f"{type(self).__name__} does not take {', '.join(ignored)}: DDP's gradient "
+                             "communication options, which it (its DTensors reduce their gradients themselves) would "
+                             "ignore; use DDPStrategy for compressed gradients or local SGD")
+        super().__init__(*args, **kwargs)
+        if state_dict_type not in STATE_FORMATS:
+            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
+        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
+        self._scheduler = self._user_net = self._sharded = self._optimizer = None
+        self._names: list[str] = []
+
+    # --- the hooks ------------------------------------------------------------------
+    def build_mesh(self) -> DeviceMesh:
+        """The device mesh of this fit (the process group exists)."""
+        raise NotImplementedError
+
+    def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
+        """Turn the training copy's parameters into DTensors on `mesh`, in place."""
+        raise NotImplementedError
+
+    def training_copy(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The copy of the user's net that `shard` takes apart; the user's net waits on the host."""
+        return sharding.copy_to_train(net, optimizer, self.root_device)
+
+    # --- life -----------------------------------------------------------------------
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+        self._user_net = net
+        sharded = self.training_copy(net, optimizer)
+        self.shard(sharded, self.build_mesh())
+        new_params = dict(sharded.named_parameters())
+        names = dict(zip(map(id, optimizer_params(optimizer)), param_names(net, optimizer)))
+        rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[names[id(p)]])
+        self._sharded = sharded
+        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
+            self.load_optimizer_state(rebuilt, optimizer.state_dict())
+        move_scheduler(scheduler, rebuilt)
+        self._scheduler, self._optimizer = scheduler, rebuilt
+        self._names = param_names(net, optimizer)
+        return sharded, rebuilt, scheduler
+
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        move_scheduler(self._scheduler, user_optimizer)
+        if self.gather_at_end:
+            self.hand_back_weights(user_net, self._full_module_state(net))
+            user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
+
+    def hand_back_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
+        """The gathered weights into the user's net, on the device it trained on."""
+        sharding.hand_back_weights(user_net, full_state, self.root_device)
+
+    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
+        """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
+        validation run the sharded net, every rank in step."""
+        return holds_dtensors(net) and not self.gather_at_end
+
+    def eval_source(self) -> torch.nn.Module:
+        """The module whose plain copy validation runs: the user's net."""
+        return self._user_net
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
+        ranks may get different numbers of evaluation batches, and a sharded forward would wait for the others at
+        every layer. With hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
+        if self.forward_in_lockstep(net):
+            return net
+        if not holds_dtensors(net):
+            return super().module_for_eval(net)
+        return sharding.plain_on_device(self.eval_source(), self._full_module_state(net), self.root_device)
+
+    # --- state ----------------------------------------------------------------------
+    def module_state(self, net: torch.nn.Module) -> dict:
+        if not holds_dtensors(net):
+            return super().module_state(net)
+        return net.state_dict() if self.state_dict_type == "sharded" else self._full_module_state(net)
+
+    @staticmethod
+    def _full_module_state(net: torch.nn.Module) -> dict:
+        return {key: full_tensor(value) for key, value in net.state_dict().items()}
+
+    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+        """Each parameter's shard on this rank (its DTensor's local tensor); buffers are whole on every rank."""
+        return [tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                for tensor in super().local_tensors(net, buffers)]
+
+    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
+        if not holds_dtensors(net):
+            return super().load_module_state(net, state)
+        own = net.state_dict()
+        net.load_state_dict({key: shard_like(value, own[key]) for key, value in state.items()})
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        if self.state_dict_type == "sharded":   # keyed by parameter name, each rank its slices
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+            return get_optimizer_state_dict(self._sharded, optimizer)
+        return self._full_optimizer_state(optimizer)
+
+    @staticmethod
+    def _full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+        state = optimizer.state_dict()
+        return {**state, "state": {index: {key: full_tensor(value) for key, value in entry.items()}
+                                   for index, entry in state["state"].items()}}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        if any(isinstance(key, str) for key in state["state"]):   # the sharded, name-keyed form
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+            return set_optimizer_state_dict(self._sharded, optimizer, state)
+        params = optimizer_params(optimizer)
+        entries = {index: {key: shard_like(value, params[index]) for key, value in entry.items()}
+                   for index, entry in state["state"].items()}
+        optimizer.load_state_dict({**state, "state": entries})
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        """"full": one file written by rank 0. "sharded": a torch.distributed.checkpoint directory of the net's and
+        optimizer's shards (every rank writes its own) plus the rest of the state in FSDP_META_FILE."""
+        if self.state_dict_type == "full" or self._sharded is None:
+            return super().save_checkpoint(path, state)
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
+        if self.is_global_zero:
+            save_checkpoint_file(os.path.join(path, FSDP_META_FILE),
+                                 {**without_weights(state), "param_names": self._names})
+        self.barrier()
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Either format; a sharded directory may be loaded on another number of processes (it is re-sliced)."""
+        if not os.path.isdir(path):
+            return super().load_checkpoint(path)
+        if self._sharded is None:
+            raise directory_outside_fit(path, "sharded", f"strategy={self.name!r}")
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")
+        check_dcp_folder(path)   # torch unpickles its metadata: checked as data first
+        rest.pop("param_names")
+        template = {"net": self._sharded.state_dict(), "optimizer": get_optimizer_state_dict(self._sharded,
+                                                                                              self._optimizer)}
+        dcp.load(template, checkpoint_id=path)
+        return {**rest, **template}

@@ -1,0 +1,134 @@
+"""Tensor and 2-D parallelism as a real program: many fits per launch, their results in one file per rank.
+
+Usage: python tensor_parallel.py OUT_DIR SUITE
+SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel). Each
+case trains from the same start as tests/distributed/test_tensor_parallel.py's plain PyTorch reference and records
+the weights after fit and the History's losses; the "tp" suite also saves, resumes (a full file and a DCP folder),
+evaluates and predicts. Each rank writes OUT_DIR/<rank>.pt.
+"""
+import os
+import sys
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import easyfit
+from easyfit.callbacks import ModelCheckpoint
+from easyfit.distributed.environments import launch_identity
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_data, make_net
+
+VOCAB, DIM, LENGTH = 16, 8, 6
+
+
+class TinyLM(nn.Module):
+    """An embedding, two transformer encoder layers and an output layer tied to the embedding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.embed = nn.Embedding(VOCAB, DIM)
+        layer = nn.TransformerEncoderLayer(DIM, 2, 16, dropout=0.0, activation="gelu", batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.encoder(self.embed(tokens))))
+
+
+def lm_data():
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (64, LENGTH + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def lm_loss(output, target):
+    """Cross-entropy over every position: the classes on dim 1."""
+    return nn.functional.cross_entropy(output.transpose(1, 2), target)
+
+
+def callable_plan(net, mesh):
+    parallelize_module(net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+OPTIMIZERS = {"sgd": lambda params: torch.optim.SGD(params, lr=0.1),
+              "adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)}
+
+
+def fit(strategy, net, data, loss, optimizer: str, batch_size: int, **options) -> easyfit.Model:
+    model = easyfit.Model(net, loss, OPTIMIZERS[optimizer](net.parameters()))
+    model.fit(*data, batch_size=batch_size, shuffle=False, verbose=0, lr_scaling=None, accelerator="cpu",
+              devices=int(os.environ.get("TP_DEVICES", "2")), strategy=strategy, **{"epochs": 3, **options})
+    return model
+
+
+def outcome(model: easyfit.Model) -> dict:
+    return {"weights": {k: v.clone() for k, v in model.net.state_dict().items()},
+            "loss": list(model.history.history["loss"])}
+
+
+def tp(**options):
+    return easyfit.strategies.ModelParallel(data_parallel_size=1, **options)
+
+
+def tp_suite(out: str) -> dict:
+    mlp, lm = make_data(), lm_data()
+    results = {
+        "mlp_sgd_auto": outcome(fit("tp", make_net(), mlp, "cross_entropy", "sgd", 32)),
+        "mlp_adamw_dict_clip": outcome(fit(tp(plan={"0": "colwise", "2": "rowwise"}), make_net(), mlp,
+                                           "cross_entropy", "adamw", 16, gradient_accumulation_steps=2,
+                                           gradient_clip_val=0.5)),
+        "mlp_sgd_callable": outcome(fit(tp(plan=callable_plan), make_net(), mlp, "cross_entropy", "sgd", 32)),
+        "lm_adamw_auto": outcome(fit("tp", TinyLM(), lm, lm_loss, "adamw", 16, epochs=2)),
+    }
+    parallel = fit(tp(loss_parallel=True), TinyLM(), lm, lm_loss, "adamw", 16, epochs=2)
+    results["lm_adamw_loss_parallel"] = outcome(parallel)
+    results["lm_summary"] = parallel.strategy.describe_setup()
+    results["lm_plan"] = parallel.strategy.found.describe(TinyLM())
+    results["evaluate"] = {"scores": parallel.evaluate(*lm, batch_size=5, verbose=0, return_dict=True,
+                                                       strategy="tp", devices=2, accelerator="cpu"),
+                           "predictions": parallel.predict(lm[0], batch_size=5, strategy="tp", devices=2,
+                                                           accelerator="cpu")}
+    results["checkpoint"] = checkpoints(out, mlp)
+    return results
+
+
+def checkpoints(out: str, data) -> dict:
+    """4 epochs straight with a full checkpoint and a DCP folder after each; resumed from epoch 2 of each."""
+    full, folder = os.path.join(out, "full-{epoch}.pt"), os.path.join(out, "dcp-{epoch}")
+    straight = fit("tp", make_net(), data, "cross_entropy", "adamw", 32, epochs=4,
+                   callbacks=[ModelCheckpoint(full, monitor="loss")])
+    saved = os.path.join(out, "saved.pt")
+    if straight.is_global_zero:
+        torch.save(straight.net.state_dict(), saved)
+    fit(tp(state_dict_type="sharded"), make_net(), data, "cross_entropy", "adamw", 32, epochs=2,
+        callbacks=[ModelCheckpoint(folder, monitor="loss")])
+    from_file = fit("tp", make_net(), data, "cross_entropy", "adamw", 32, epochs=4, resume_from=full.format(epoch=2))
+    from_folder = fit(tp(state_dict_type="sharded"), make_net(), data, "cross_entropy", "adamw", 32, epochs=4,
+                      resume_from=folder.format(epoch=2))
+    return {"straight": outcome(straight), "from_file": outcome(from_file), "from_folder": outcome(from_folder),
+            "saved": saved, "predictions": straight.predict(data[0], strategy="tp", devices=2, accelerator="cpu")}
+
+
+def fsdp_tp_suite() -> dict:
+    mlp, lm = make_data(), lm_data()
+    return {"mlp_sgd_auto": outcome(fit("fsdp_tp", make_net(), mlp, "cross_entropy", "sgd", 16)),
+            "mlp_adamw_dict_clip": outcome(fit(
+                easyfit.strategies.ModelParallel(tensor_parallel_size=2, plan={"0": "colwise", "2": "rowwise"}),
+                make_net(), mlp, "cross_entropy", "adamw", 8, gradient_accumulation_steps=2, gradient_clip_val=0.5)),
+            "lm_adamw_auto": outcome(fit("fsdp_tp", TinyLM(), lm, lm_loss, "adamw", 8, epochs=2))}
+
+
+def main() -> None:
+    out, suite = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    results = tp_suite(out) if suite == "tp" else fsdp_tp_suite()
+    torch.save(results, os.path.join(out, f"{launch_identity()[0]}.pt"))
+
+
+if __name__ == "__main__":
+    main()
