@@ -19,6 +19,7 @@ from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.losses import resolve_loss
 from easyfit.parts.metrics import MetricSet, metric_names
 from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer_name, parameter_groups
+from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import Precision, parse_precision
 from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
@@ -316,6 +317,10 @@ class Model(OnBatchCalls):
         check_call(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
         strategy.check_net(self.net)
+        if isinstance(self.loss_fn, ModelLoss) and not strategy.forward_takes_targets:
+            raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
+                             f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
+                             "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
         check_compile(run.compile, strategy, inputs.get("options"))
         launcher = strategy.launcher
         if method == "fit":

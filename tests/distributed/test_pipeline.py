@@ -123,6 +123,14 @@ def test_what_the_pipeline_cannot_train_is_refused_before_any_process_starts(net
         fit(net, strategy)
 
 
+def test_the_model_s_own_loss_is_refused_before_any_process_starts():
+    """A stage's forward takes the previous stage's output alone: it cannot take the targets as labels=."""
+    x, y = make_data()
+    model = easyfit.Model(make_pipeline_net(), "model", "sgd")
+    with pytest.raises(ValueError, match="loss='model' passes the targets into the net's forward.*'pipeline'"):
+        model.fit(x, y, epochs=1, verbose=0, devices=2, accelerator="cpu", strategy="pipeline")
+
+
 def test_data_the_first_stage_cannot_take_is_explained():
     x, y = make_data()
     with pytest.raises(ValueError, match="expects 6 features per sample, but the data has 5"):

@@ -50,6 +50,9 @@ class Strategy:
     #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
     #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
     supports_compile = False
+    #: the net's forward can take the targets (loss="model" passes them as labels=); False where the backend runs the
+    #: net as a chain of one-input stages (a pipeline)
+    forward_takes_targets = True
     #: the loop adds each step's loss to the epoch's sum in the step itself, rather than keeping the losses and
     #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
     #: compile a graph for each number read

@@ -115,6 +115,8 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
                    f"{'rank' if per_rank else 'stage'})"
         return f"stages={self.stages}" if self.stages else "one stage per process"
 
+    forward_takes_targets = False   # each stage's forward takes the previous stage's output alone
+
     def check_net(self, net: nn.Module) -> None:
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
         resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
