@@ -30,7 +30,9 @@ class TinyLM(nn.Module):
         super().__init__()
         torch.manual_seed(2)
         self.embed = nn.Embedding(VOCAB, DIM)
-        layer = nn.TransformerEncoderLayer(DIM, 2, 16, dropout=0.0, activation="gelu", batch_first=True)
+        # no biases: a key bias gets a gradient of zero (softmax ignores it) plus rounding noise, which AdamW
+        # would blow up into steps of lr either way, in plain PyTorch as under TP
+        layer = nn.TransformerEncoderLayer(DIM, 2, 16, dropout=0.0, activation="gelu", batch_first=True, bias=False)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB, bias=False)
