@@ -91,6 +91,9 @@ def test_two_dimensional_fsdp_tp_matches_plain_pytorch(tmp_path):
                    reference(make_net(), make_data(), CE, "adamw", 16, accumulate=2, clip=0.5), "fsdp_tp mlp dict")
     assert_matches(found["lm_adamw_auto"], reference(TinyLM(), lm_data(), lm_loss, "adamw", 16, epochs=2),
                    "fsdp_tp lm_adamw_auto")
+    assert_matches(found["lm_resumed"], found["lm_adamw_auto"], "fsdp_tp lm resumed", atol=1e-6)
+    assert found["summary"].startswith("mesh 2 data-parallel (FSDP) × 2 tensor-parallel; tensor-parallel plan: 8 "
+                                       "layers split"), found["summary"]
 
 
 # --- plans, without processes -----------------------------------------------------------

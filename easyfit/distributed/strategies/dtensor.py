@@ -12,7 +12,8 @@ import os
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategy_parts import sharding
@@ -34,17 +35,43 @@ DDP_COMMUNICATION = ("comm_hook", "powersgd_rank", "powersgd_start_step", "model
 
 
 def full_tensor(value):
-    """A DTensor gathered into one ordinary tensor on the CPU (a collective); other values as they are."""
-    return value.full_tensor().cpu() if isinstance(value, DTensor) else value
+    """A DTensor gathered into one ordinary tensor on the CPU (a collective); other values as they are. On a 2-D mesh
+    the outer dimension is gathered first: torch gathers FSDP's shards of a TP shard wrong in one step."""
+    if not isinstance(value, DTensor):
+        return value
+    placements = list(value.placements)
+    for dim in range(len(placements) - 1):
+        placements[dim] = Replicate()
+        value = value.redistribute(value.device_mesh, placements)
+    return value.full_tensor().cpu()
+
+
+def piece(value: torch.Tensor, placement, size: int, coordinate: int) -> torch.Tensor:
+    """This coordinate's piece of `value` split `size` ways as a placement of one mesh dimension says."""
+    if isinstance(placement, _StridedShard):   # each of split_factor parts (e.g. q, k, v) split `size` ways
+        parts = value.chunk(placement.split_factor, placement.dim)
+        return torch.cat([part.chunk(size, placement.dim)[coordinate] for part in parts], placement.dim)
+    return value.chunk(size, placement.dim)[coordinate] if isinstance(placement, Shard) else value
 
 
 def shard_like(value, reference):
-    """`value` (a full tensor every rank holds) cut into `reference`'s DTensor layout, without communication."""
+    """`value` (a full tensor every rank holds) cut into `reference`'s DTensor layout, without communication. On a
+    2-D mesh the inner (TP) dimension splits first and the outer one (FSDP) chunks what it left."""
     if not isinstance(reference, DTensor) or not isinstance(value, torch.Tensor) or isinstance(value, DTensor) \
             or value.shape != reference.shape:
         return value
     local = value.to(device=reference.device, dtype=reference.dtype)
-    return distribute_tensor(local, reference.device_mesh, reference.placements, src_data_rank=None)
+    mesh = reference.device_mesh
+    if mesh.ndim == 1:
+        return distribute_tensor(local, mesh, reference.placements, src_data_rank=None)
+    coordinates = mesh.get_coordinate()
+    for dim in reversed(range(mesh.ndim)):
+        placement = reference.placements[dim]
+        sharded = isinstance(placement, (Shard, _StridedShard))
+        plain = Shard(placement.dim) if sharded and dim < mesh.ndim - 1 else placement
+        local = piece(local, plain, mesh.size(dim), coordinates[dim])
+    return DTensor.from_local(local.contiguous(), mesh, reference.placements, run_check=False,
+                              shape=reference.shape, stride=reference.stride())
 
 
 def holds_dtensors(net: torch.nn.Module) -> bool:

@@ -1,10 +1,11 @@
 """Tensor and 2-D parallelism as a real program: many fits per launch, their results in one file per rank.
 
 Usage: python tensor_parallel.py OUT_DIR SUITE
-SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel). Each
+SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel, TP_DEVICES=4
+in the environment). Each
 case trains from the same start as tests/distributed/test_tensor_parallel.py's plain PyTorch reference and records
 the weights after fit and the History's losses; the "tp" suite also saves, resumes (a full file and a DCP folder),
-evaluates and predicts. Each rank writes OUT_DIR/<rank>.pt.
+evaluates and predicts; "fsdp_tp" resumes the LM from a full file. Each rank writes OUT_DIR/<rank>.pt.
 """
 import os
 import sys
@@ -116,19 +117,24 @@ def checkpoints(out: str, data) -> dict:
             "saved": saved, "predictions": straight.predict(data[0], strategy="tp", devices=2, accelerator="cpu")}
 
 
-def fsdp_tp_suite() -> dict:
+def fsdp_tp_suite(out: str) -> dict:
     mlp, lm = make_data(), lm_data()
+    pattern = os.path.join(out, "lm-{epoch}.pt")
+    lm_fit = fit("fsdp_tp", TinyLM(), lm, lm_loss, "adamw", 8, epochs=2,
+                 callbacks=[ModelCheckpoint(pattern, monitor="loss")])
+    resumed = fit("fsdp_tp", TinyLM(), lm, lm_loss, "adamw", 8, epochs=2, resume_from=pattern.format(epoch=1))
     return {"mlp_sgd_auto": outcome(fit("fsdp_tp", make_net(), mlp, "cross_entropy", "sgd", 16)),
             "mlp_adamw_dict_clip": outcome(fit(
                 easyfit.strategies.ModelParallel(tensor_parallel_size=2, plan={"0": "colwise", "2": "rowwise"}),
                 make_net(), mlp, "cross_entropy", "adamw", 8, gradient_accumulation_steps=2, gradient_clip_val=0.5)),
-            "lm_adamw_auto": outcome(fit("fsdp_tp", TinyLM(), lm, lm_loss, "adamw", 8, epochs=2))}
+            "lm_adamw_auto": outcome(lm_fit), "lm_resumed": outcome(resumed),
+            "summary": lm_fit.strategy.describe_setup()}
 
 
 def main() -> None:
     out, suite = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    results = tp_suite(out) if suite == "tp" else fsdp_tp_suite()
+    results = tp_suite(out) if suite == "tp" else fsdp_tp_suite(out)
     torch.save(results, os.path.join(out, f"{launch_identity()[0]}.pt"))
 
 
