@@ -9,6 +9,10 @@ PyTorch's figure is the same count for the whole net after one step in this proc
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import torch
 from torch import nn
 
@@ -17,37 +21,23 @@ from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategy_parts.sharding import rank_memory
 from easyfit.parts.losses import resolve_loss
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "distributed", "scripts"))
+from tensor_parallel import TinyLM, lm_loss
+
 BAR = 0.55
-VOCAB, DIM, LENGTH = 1024, 256, 16
-
-
-class LM(nn.Module):
-    """Embedding, 2 transformer encoder layers of 4 heads, output layer tied to the embedding."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        layer = nn.TransformerEncoderLayer(DIM, 4, 4 * DIM, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens):
-        return self.head(self.norm(self.encoder(self.embed(tokens))))
+VOCAB, DIM, LENGTH = 1024, 256, 16   # the LM: 2 encoder layers of 4 heads, an output layer tied to the embedding
 
 
 def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 64))
 
 
-def lm_loss(output, target):
-    return nn.functional.cross_entropy(output.transpose(1, 2), target)
+def tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(0, VOCAB, (8, LENGTH)), torch.randint(0, VOCAB, (8, LENGTH))
 
 
 CASES = {"MLP 64-1024-1024-64": (mlp, lambda: (torch.randn(32, 64), torch.randn(32, 64)), "mse"),
-         "transformer LM (tied head)": (LM, lambda: (torch.randint(0, VOCAB, (8, LENGTH)),
-                                                     torch.randint(0, VOCAB, (8, LENGTH))), lm_loss)}
+         "transformer LM (tied head)": (functools.partial(TinyLM, VOCAB, DIM, 4, 4 * DIM), tokens, lm_loss)}
 
 
 class Measure(easyfit.callbacks.Callback):

@@ -123,6 +123,8 @@ NAMED = {
     "zero": ("ZeroStrategy", "popen", "ScriptLauncher"),
     "fsdp": ("FSDPStrategy", "popen", "ScriptLauncher"),
     "fsdp_cpu_offload": ("FSDPStrategy", "popen", "ScriptLauncher"),
+    "tp": ("ModelParallelStrategy", "popen", "ScriptLauncher"),
+    "fsdp_tp": ("ModelParallelStrategy", "popen", "ScriptLauncher"),
     "ddp_sharded": ("ShardedStrategy", "popen", "ScriptLauncher"),
     "ddp_sharded_spawn": ("ShardedStrategy", "spawn", "ProcessLauncher"),
     **{name: ("DeepSpeedStrategy", "popen", "ScriptLauncher") for name in

@@ -8,5 +8,7 @@
 - ddp_comm, powersgd_state: DDP's communication hooks and model averaging, and their saved state;
 - pipeline_split, pipeline_engine, pipeline_state: cutting an nn.Sequential into stages, running them under
   torch's pipeline schedules, and merging / splitting their state;
+- tp_plan, tp_auto, tp_attention, tp_apply: tensor-parallel plans (a user's dict checked against the net, the splits
+  "auto" can prove safe), an attention layer's heads split across ranks, and a plan carried out on a net;
 - cpu_threads: each rank's share of the cores when easyfit starts several processes on the CPU.
 """

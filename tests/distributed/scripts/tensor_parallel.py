@@ -25,18 +25,20 @@ VOCAB, DIM, LENGTH = 16, 8, 6
 
 
 class TinyLM(nn.Module):
-    """An embedding, two transformer encoder layers and an output layer tied to the embedding."""
+    """An embedding, two transformer encoder layers and an output layer tied to the embedding (benchmarks/tp_memory.py
+    builds a larger one)."""
 
-    def __init__(self):
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM, heads: int = 2, feedforward: int = 16):
         super().__init__()
         torch.manual_seed(2)
-        self.embed = nn.Embedding(VOCAB, DIM)
+        self.embed = nn.Embedding(vocab, dim)
         # no biases: a key bias gets a gradient of zero (softmax ignores it) plus rounding noise, which AdamW
         # would blow up into steps of lr either way, in plain PyTorch as under TP
-        layer = nn.TransformerEncoderLayer(DIM, 2, 16, dropout=0.0, activation="gelu", batch_first=True, bias=False)
+        layer = nn.TransformerEncoderLayer(dim, heads, feedforward, dropout=0.0, activation="gelu", batch_first=True,
+                                           bias=False)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.norm = nn.LayerNorm(dim, bias=False)
+        self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.embed.weight
 
     def forward(self, tokens):
