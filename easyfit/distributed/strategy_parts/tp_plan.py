@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
 from easyfit.utils.checks import closest_name
@@ -175,13 +174,3 @@ def retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
         shared = getattr(first, name)
         for module, attribute in others:
             setattr(module, attribute, shared)
-
-
-def parameter_count(module: nn.Module) -> int:
-    return sum(param.numel() for param in module.parameters(recurse=False)) if isinstance(module, nn.Module) else 0
-
-
-def local_shapes(net: nn.Module) -> dict[str, torch.Size]:
-    """Each parameter's shape on this rank (a DTensor's local shard), by name."""
-    return {name: (param.to_local() if hasattr(param, "to_local") else param).shape
-            for name, param in net.named_parameters()}
