@@ -16,10 +16,10 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
+from easyfit.distributed.strategies.sharded import ShardedTraining
 from easyfit.distributed.strategy_parts import sharding
 from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
-    move_scheduler,
     optimizer_params,
     param_names,
     rebuild_optimizer,
@@ -79,7 +79,7 @@ def holds_dtensors(net: torch.nn.Module) -> bool:
     return any(isinstance(param, DTensor) for param in net.parameters())
 
 
-class DTensorStrategy(DDPStrategy):
+class DTensorStrategy(ShardedTraining, DDPStrategy):
     """The contract for a copy of the user's net whose parameters are DTensors on a device mesh.
 
     Args:
@@ -101,7 +101,7 @@ class DTensorStrategy(DDPStrategy):
         if state_dict_type not in STATE_FORMATS:
             raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
-        self._scheduler = self._user_net = self._sharded = self._optimizer = None
+        self._user_net = self._sharded = self._optimizer = None
         self._names: list[str] = []
 
     # --- the hooks ------------------------------------------------------------------
@@ -125,21 +125,14 @@ class DTensorStrategy(DDPStrategy):
         new_params = dict(sharded.named_parameters())
         names = dict(zip(map(id, optimizer_params(optimizer)), param_names(net, optimizer)))
         rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[names[id(p)]])
-        self._sharded = sharded
-        if optimizer.state:   # a resumed or second fit continues from the user's optimizer state
-            self.load_optimizer_state(rebuilt, optimizer.state_dict())
-        move_scheduler(scheduler, rebuilt)
-        self._scheduler, self._optimizer = scheduler, rebuilt
+        self._sharded, self._optimizer = sharded, rebuilt
         self._names = param_names(net, optimizer)
-        return sharded, rebuilt, scheduler
+        return sharded, self.take_over_optimizer(optimizer, rebuilt, scheduler), scheduler
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
-        move_scheduler(self._scheduler, user_optimizer)
-        if self.gather_at_end:
-            self.hand_back_weights(user_net, self._full_module_state(net))
-            user_optimizer.load_state_dict(self._full_optimizer_state(optimizer))
+    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
+        self.load_full_weights(user_net, self._full_module_state(net))
 
-    def hand_back_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
+    def load_full_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
         """The gathered weights into the user's net, on the device it trained on."""
         sharding.hand_back_weights(user_net, full_state, self.root_device)
 
@@ -187,10 +180,9 @@ class DTensorStrategy(DDPStrategy):
         if self.state_dict_type == "sharded":   # keyed by parameter name, each rank its slices
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
             return get_optimizer_state_dict(self._sharded, optimizer)
-        return self._full_optimizer_state(optimizer)
+        return self.full_optimizer_state(optimizer)
 
-    @staticmethod
-    def _full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         state = optimizer.state_dict()
         return {**state, "state": {index: {key: full_tensor(value) for key, value in entry.items()}
                                    for index, entry in state["state"].items()}}

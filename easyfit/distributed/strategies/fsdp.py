@@ -119,12 +119,12 @@ class FSDPStrategy(DTensorStrategy):
         on_meta = built_sharded(self._user_net) == META   # every rank initializes from rank 0's RNG state
         fully_shard_net(net, options, self.broadcast(construction_rng(self._user_net)) if on_meta else None)
 
-    def hand_back_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
+    def load_full_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
         if built_sharded(user_net) == META:   # built under module_construction(): materialized on the CPU
             materialize(user_net)
             user_net.load_state_dict(full_state)
         else:
-            super().hand_back_weights(user_net, full_state)
+            super().load_full_weights(user_net, full_state)
 
     def eval_source(self) -> torch.nn.Module:
         """A net built on the meta device stays there until the fit hands the weights back: a materialized copy."""
