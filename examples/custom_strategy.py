@@ -1,4 +1,5 @@
-"""A strategy of your own: data parallelism by hand, passed to fit as `strategy=AllReduceStrategy()`.
+"""A strategy of your own: data parallelism by hand, registered as the built-in strategies are and used by name
+(`fit(strategy="allreduce")`; an object, `strategy=AllReduceStrategy()`, works too).
 
 Run:  python examples/custom_strategy.py        # 2 CPU processes; prints the largest weight difference from
                                                 # plain PyTorch trained on the combined batch
@@ -55,6 +56,9 @@ class AllReduceStrategy(ParallelStrategy):
             self.synchronise = True
 
 
+easyfit.strategies.register(AllReduceStrategy)   # fit(strategy="allreduce"), as the built-in names
+
+
 def plain_pytorch(x, y, lr: float, batch_size: int, epochs: int) -> nn.Module:
     """The same training written by hand, in one process, on the combined batch."""
     net = make_net()
@@ -79,7 +83,7 @@ def main() -> None:
     net = make_net()
     model = easyfit.Model(net, "cross_entropy", "sgd", lr=0.1)
     model.fit(x, y, epochs=3, batch_size=16, shuffle=False, lr_scaling=None, verbose=0,
-              devices=2, accelerator="cpu", strategy=AllReduceStrategy())
+              devices=2, accelerator="cpu", strategy="allreduce")
     if model.is_global_zero:
         reference = plain_pytorch(x, y, lr=0.1, batch_size=32, epochs=3).state_dict()
         difference = max((net.state_dict()[name] - value).abs().max().item() for name, value in reference.items())

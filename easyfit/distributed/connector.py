@@ -16,122 +16,12 @@ Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from easyfit.distributed import memory
 from easyfit.distributed.calls import Call, configure_for_call, read_call
 from easyfit.distributed.memory import TrainingMemory
+from easyfit.distributed.strategies import registry
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.utils.checks import check_positive_int, closest_name
-
-
-def _single(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.single import SingleDeviceStrategy
-    return SingleDeviceStrategy()
-
-
-def _ddp(start_method: str, name: str) -> Callable[[Call], Strategy]:
-    def build(call: Call) -> Strategy:
-        from easyfit.distributed.strategies.ddp import DDPStrategy
-        return DDPStrategy(start_method=start_method, name=name)
-    return build
-
-
-def _dp(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.dp import DataParallelStrategy
-    return DataParallelStrategy()
-
-
-def _ddp2(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.ddp2 import DDP2Strategy
-    return DDP2Strategy()
-
-
-def _zero(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.zero import ZeroStrategy
-    return ZeroStrategy()
-
-
-def _fsdp(cpu_offload: bool) -> Callable[[Call], Strategy]:
-    def build(call: Call) -> Strategy:
-        from easyfit.distributed.strategies.fsdp import FSDPStrategy
-        fork = call.interactive and not call.external   # a notebook cannot re-run itself: its ranks are forked
-        return FSDPStrategy(cpu_offload=cpu_offload, start_method="fork" if fork else "popen")
-    return build
-
-
-def _model_parallel(two_d: bool) -> Callable[[Call], Strategy]:
-    def build(call: Call) -> Strategy:
-        from easyfit.distributed.strategies.tensor_parallel import ModelParallelStrategy
-        if two_d:   # TP inside pairs of devices (inside each node on several), FSDP over the rest
-            return ModelParallelStrategy(tensor_parallel_size=2 if call.num_nodes == 1 else "auto")
-        return ModelParallelStrategy(data_parallel_size=1)
-    return build
-
-
-def _sharded(start_method: str) -> Callable[[Call], Strategy]:
-    def build(call: Call) -> Strategy:
-        from easyfit.distributed.strategies.fairscale import ShardedStrategy
-        return ShardedStrategy(start_method=start_method)
-    return build
-
-
-def _deepspeed(stage: int, offload: bool = False) -> Callable[[Call], Strategy]:
-    def build(call: Call) -> Strategy:
-        from easyfit.distributed.strategies.deepspeed import DeepSpeedStrategy
-        return DeepSpeedStrategy(stage=stage, offload_optimizer=offload, offload_parameters=offload and stage == 3)
-    return build
-
-
-def _pipeline(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.pipeline import PipelineStrategy
-    return PipelineStrategy()
-
-
-def _horovod(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.horovod import HorovodStrategy
-    return HorovodStrategy()
-
-
-def _xla(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.xla import XLAStrategy
-    return XLAStrategy()
-
-
-def _bagua(call: Call) -> Strategy:
-    from easyfit.distributed.strategies.bagua import BaguaStrategy
-    return BaguaStrategy()
-
-
-#: name -> builder. A new backend is one module plus one row here.
-STRATEGIES: dict[str, Callable[[Call], Strategy]] = {
-    "single": _single,
-    "ddp": _ddp("popen", "ddp"),
-    "ddp_spawn": _ddp("spawn", "ddp_spawn"),
-    "ddp_fork": _ddp("fork", "ddp_fork"),
-    "ddp_notebook": _ddp("fork", "ddp_notebook"),
-    "dp": _dp,
-    "ddp2": _ddp2,
-    "zero": _zero,
-    "fsdp": _fsdp(cpu_offload=False),
-    "fsdp_cpu_offload": _fsdp(cpu_offload=True),
-    "tp": _model_parallel(two_d=False),
-    "fsdp_tp": _model_parallel(two_d=True),
-    "ddp_sharded": _sharded("popen"),
-    "ddp_sharded_spawn": _sharded("spawn"),
-    "deepspeed": _deepspeed(2),
-    "deepspeed_stage_1": _deepspeed(1),
-    "deepspeed_stage_2": _deepspeed(2),
-    "deepspeed_stage_2_offload": _deepspeed(2, offload=True),
-    "deepspeed_stage_3": _deepspeed(3),
-    "deepspeed_stage_3_offload": _deepspeed(3, offload=True),
-    "horovod": _horovod,
-    "bagua": _bagua,
-    "pipeline": _pipeline,
-    "xla": _xla,
-}
-#: names of backends that later versions of easyfit add
-PLANNED: tuple[str, ...] = ()
 
 
 def auto_strategy_name(call: Call, training_memory: TrainingMemory | None = None) -> tuple[str, str | None]:
@@ -155,14 +45,10 @@ def auto_strategy_name(call: Call, training_memory: TrainingMemory | None = None
 def strategy_name(strategy: str | None) -> str:
     """The registered name a strategy= value means; None means 'auto'."""
     key = "auto" if strategy is None else str(strategy).lower()
-    if key in STRATEGIES or key == "auto":
+    valid = ["auto", *registry.strategy_names()]
+    if key in valid:
         return key
-    valid = ["auto", *STRATEGIES]
-    if key in PLANNED:
-        raise NotImplementedError(f"strategy {strategy!r} is not available in this version of easyfit yet. "
-                                  f"Available: {', '.join(valid)}.")
-    raise ValueError(f"unknown strategy {strategy!r}.{closest_name(key, valid + list(PLANNED))} "
-                     f"Valid names: {', '.join(valid)}.")
+    raise ValueError(f"unknown strategy {strategy!r}.{closest_name(key, valid)} Valid names: {', '.join(valid)}.")
 
 
 def _running_script_ranks(name: str, devices, num_nodes: int) -> tuple:
@@ -197,7 +83,7 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
             auto_select_gpus: bool = False) -> Strategy:
     """The Strategy for this call, configured for this process. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
-    2. resolve "auto" (rule 4) and build the strategy from its row in STRATEGIES (or take the user's object);
+    2. resolve "auto" (rule 4) and build the strategy from its row in the registry (or take the user's object);
     3. under a launcher, devices="auto" becomes one device per launched process, if the strategy takes them;
     4. conflicts: the strategy's own first (their fix is the one that matters), then the launcher's world;
     5. fill in what the strategy left unset."""
@@ -211,6 +97,6 @@ def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int 
     if name == "auto":
         name, reason = auto_strategy_name(call, training_memory)
     if name is not None:
-        strategy = STRATEGIES[name](call)
+        strategy = registry.build(name, call)
         strategy.auto_reason = reason
     return configure_for_call(strategy, call, devices)

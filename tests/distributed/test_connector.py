@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from easyfit.distributed import calls
-from easyfit.distributed.connector import PLANNED, STRATEGIES, connect
+from easyfit.distributed.connector import connect
 from easyfit.distributed.launchers import ProcessLauncher
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.ddp2 import DDP2Strategy
 from easyfit.distributed.strategies.dp import DataParallelStrategy
+from easyfit.distributed.strategies.registry import strategy_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 
 LAUNCHER_VARIABLE = re.compile(r"(SLURM|OMPI|PMI|MPI_LOCAL|HOROVOD|TORCHELASTIC|EASYFIT)_|(MASTER_ADDR|MASTER_PORT|"
@@ -138,7 +139,7 @@ NAMED = {
 
 
 def test_the_table_names_every_strategy_tested_here():
-    assert set(STRATEGIES) == set(NAMED)
+    assert set(strategy_names()) == set(NAMED)
 
 
 @pytest.mark.parametrize("name", NAMED)
@@ -243,13 +244,7 @@ def test_unknown_name_suggests_the_closest_and_lists_the_valid_ones():
         connect("dpp", devices="garbage")   # the name is reported before the devices
     message = str(error.value)
     assert message.startswith("unknown strategy 'dpp'.") and "'ddp'" in message
-    assert f"Valid names: auto, {', '.join(STRATEGIES)}." in message
-
-
-@pytest.mark.parametrize("name", PLANNED)
-def test_planned_names_are_not_available_in_this_version(name):
-    with pytest.raises(NotImplementedError, match=f"strategy '{name}' is not available in this version"):
-        connect(name, **CPU2)
+    assert f"Valid names: auto, {', '.join(strategy_names())}." in message
 
 
 def test_single_on_two_devices():
@@ -334,3 +329,21 @@ def test_a_strategy_object_prints_before_the_connector_configures_it():
     from easyfit.strategies import DDP
     assert repr(DDP()) == ("DDPStrategy(accelerator=None, processes_per_node=None, num_nodes=None, "
                                              "backend=None)")
+
+
+def test_a_registered_strategy_is_taken_by_name_and_its_names_cannot_clash(monkeypatch):
+    """One table serves fit(strategy=...) and easyfit.strategies: a user's class joins it as the built-in ones do."""
+    import easyfit.strategies
+    from easyfit.distributed.strategies import registry
+    monkeypatch.setattr(registry, "_registered", list(registry.BUILT_IN))
+
+    class MySingle(SingleDeviceStrategy):
+        name = "my_single"
+
+    easyfit.strategies.register(MySingle)
+    assert type(connect("my_single", devices=1, accelerator="cpu")) is MySingle
+    assert easyfit.strategies.MySingle is MySingle and "my_single" in strategy_names()
+    with pytest.raises(ValueError, match="my_single are taken already"):
+        easyfit.strategies.register(MySingle)
+    with pytest.raises(ValueError, match="ddp are taken already"):
+        easyfit.strategies.register(MySingle, names={"ddp": {}}, public_name="Other")

@@ -73,7 +73,7 @@ def test_tpu_devices(devices, interactive, expected):
 
 
 def test_importing_easyfit_and_naming_the_strategy_import_no_torch_xla():
-    code = ("import sys, easyfit, easyfit.strategies; easyfit.strategies.CLASSES['XLA']; "
+    code = ("import sys, easyfit, easyfit.strategies; easyfit.strategies.classes()['XLA']; "
             "from easyfit.distributed.strategies import xla; print('torch_xla' in sys.modules)")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(Path(easyfit.__file__).parents[1])}).stdout
