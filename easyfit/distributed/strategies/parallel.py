@@ -199,10 +199,15 @@ class ParallelStrategy(DataParallelShares, Strategy):
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        group, size = self.reduce_group(op)
         result = tensor.to(self._collective_device, copy=True)
-        dist.all_reduce(result, op=getattr(dist.ReduceOp, REDUCE_OPS[op]))
+        dist.all_reduce(result, op=getattr(dist.ReduceOp, REDUCE_OPS[op]), group=group)
         result = result.to(tensor.device)
-        return result / self.world_size if op == "mean" else result
+        return result / size if op == "mean" else result
+
+    def reduce_group(self, op: str) -> tuple[dist.ProcessGroup | None, int]:
+        """The process group `reduce` runs `op` over (None: every rank) and its size."""
+        return None, self.world_size
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's tensor. Their first dimensions may differ, and a rank may hold none (an empty tensor of any
