@@ -25,7 +25,7 @@ from easyfit.distributed.strategy_parts.deepspeed_state import FullState
 from easyfit.distributed.strategy_parts.sharding import (
     copy_to_train,
     directory_outside_fit,
-    hand_back_weights,
+    load_on_device,
     optimizer_params,
     param_names,
     plain_on_device,
@@ -194,7 +194,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
             self._release_built_net(user_net, user_optimizer, full)
         else:
-            hand_back_weights(user_net, full, self.root_device)
+            load_on_device(user_net, full, self.root_device)
 
     def _release_built_net(self, user_net, user_optimizer, full: dict) -> None:
         """The engine lets go of the net built under module_construction(), which becomes a plain module holding

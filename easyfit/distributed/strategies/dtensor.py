@@ -134,7 +134,7 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
 
     def load_full_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
         """The gathered weights into the user's net, on the device it trained on."""
-        sharding.hand_back_weights(user_net, full_state, self.root_device)
+        sharding.load_on_device(user_net, full_state, self.root_device)
 
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
         """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and

@@ -43,7 +43,7 @@ def plain_on_device(user_net: torch.nn.Module, full_state: dict, device: torch.d
     return net.to(device)
 
 
-def hand_back_weights(user_net: torch.nn.Module, full_state: dict, device: torch.device) -> None:
+def load_on_device(user_net: torch.nn.Module, full_state: dict, device: torch.device) -> None:
     """The trained weights into the user's net, on the device it trained on (as every strategy leaves it)."""
     user_net.to(device)
     user_net.load_state_dict(full_state)
