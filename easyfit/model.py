@@ -268,9 +268,11 @@ class Model(OnBatchCalls):
 
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given: also `summary(x)`) and
-        parameter counts, printed with `print_fn` (None: not printed) and returned."""
-        from easyfit.training.summary import print_summary
-        return print_summary(self.net, print_fn, input_example)
+        parameter counts, printed with `print_fn` (None: not printed) and returned. Inside a fit that shards the
+        net (tensor parallelism, FSDP), it describes the sharded net: each sharded parameter's shape on this rank."""
+        from easyfit.training.summary import described_net, print_summary
+        training_net = self._training.net if self._training is not None else None
+        return print_summary(described_net(self.net, training_net), print_fn, input_example)
 
     # --- weights and single batches ----------------------------------------------------
     def get_weights(self) -> list:

@@ -1,6 +1,10 @@
 """Shared tiny fixtures: seeded data and small nets that train in milliseconds on a CPU."""
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from nets import tiny_net
@@ -25,6 +29,15 @@ def regression() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=generator)
     return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.1 * torch.randn(64, 1, generator=generator)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (`pytest -n 2`) runs the tests from code its controller sent, so its `__main__` has no
+    file, which easyfit takes for a notebook (no script to re-run in new ranks); give it the file `python -m pytest`
+    has, so that every worker sees what one pytest process sees."""
+    main = sys.modules["__main__"]
+    if os.environ.get("PYTEST_XDIST_WORKER") and getattr(main, "__file__", None) is None:
+        main.__file__ = str(Path(pytest.__file__).with_name("__main__.py"))
 
 
 def pytest_collection_modifyitems(config, items):

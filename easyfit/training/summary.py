@@ -1,4 +1,5 @@
-"""A Keras-like table of a net's layers: module path, type, output shape and parameter count."""
+"""A Keras-like table of a net's layers: module path, type, output shape and parameter count; for a net sharded by
+tensor parallelism or FSDP (inside fit), each sharded parameter's piece on this rank as well."""
 from __future__ import annotations
 
 from typing import Any
@@ -37,13 +38,55 @@ def summarize(net: nn.Module, input_example: Any = None) -> str:
               if next(module.children(), None) is None or next(module.parameters(recurse=False), None) is not None]
     shapes = _output_shapes(net, [module for _, module in layers], input_example) if input_example is not None else {}
     rows = [(name, type(module).__name__, shapes.get(id(module), "?"),
-             f"{sum(p.numel() for p in module.parameters(recurse=False)):,}") for name, module in layers]
+             _count(list(module.parameters(recurse=False)))) for name, module in layers]
     params = list(net.parameters())
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     return "\n".join([f"Model: {type(net).__name__}", *_table(rows),
-                      f"Total params: {total:,}", f"Trainable params: {trainable:,}",
-                      f"Non-trainable params: {total - trainable:,}"])
+                      f"Total params: {_count(params)}", f"Trainable params: {trainable:,}",
+                      f"Non-trainable params: {total - trainable:,}", *_sharded_rows(net)])
+
+
+def described_net(net: nn.Module, training_net: nn.Module | None) -> nn.Module:
+    """The net summary describes: inside a fit, the training copy when it holds sharded parameters, else the net."""
+    if training_net is not None and any(_local(p) is not None for p in training_net.parameters()):
+        return training_net
+    return net
+
+
+def _local(param: torch.Tensor) -> torch.Tensor | None:
+    """This rank's piece of a sharded (DTensor) parameter; None for a whole one."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(param, "placements") else None
+
+
+def _count(params: list[torch.Tensor]) -> str:
+    """The parameters' full count, and what this rank holds when some are sharded: "4,096 (2,048 on this rank)"."""
+    total = sum(p.numel() for p in params)
+    if all(_local(p) is None for p in params):
+        return f"{total:,}"
+    here = sum(p.numel() if _local(p) is None else _local(p).numel() for p in params)
+    return f"{total:,} ({here:,} on this rank)"
+
+
+def _sharded_rows(net: nn.Module) -> list[str]:
+    """One line per sharded parameter: its shape on this rank, its full shape and how it is placed on the mesh."""
+    lines = [f"  {name}: {tuple(_local(p).shape)} of {tuple(p.shape)}, {_placements(p)}"
+             for name, p in net.named_parameters() if _local(p) is not None]
+    return ["Sharded parameters (shape on this rank of the full shape; per mesh dimension):", *lines] \
+        if lines else []
+
+
+def _placements(param) -> str:
+    """E.g. "tp: split on dim 0" or "dp: split on dim 0, tp: whole"."""
+    names = param.device_mesh.mesh_dim_names or tuple(f"mesh dim {i}" for i in range(param.device_mesh.ndim))
+    return ", ".join(f"{name}: {_placement(placement)}" for name, placement in zip(names, param.placements))
+
+
+def _placement(placement) -> str:
+    if placement.is_shard():
+        return f"split on dim {placement.dim}"
+    return "whole" if placement.is_replicate() else "partial sums"
 
 
 def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:

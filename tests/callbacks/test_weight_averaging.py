@@ -1,5 +1,5 @@
 """EMA and SWA against the same averages computed by hand on plain PyTorch (within 1e-6), in one process and on 2 CPU
-processes (EMA under ddp, fsdp and DeepSpeed ZeRO-3; SWA under ddp): validation runs the averages, the net holds
+processes (EMA under ddp, fsdp, tp and DeepSpeed ZeRO-3; SWA under ddp): validation runs the averages, the net holds
 them after the fit, checkpoints (loaded as data) hold both sets and a resume continues exactly."""
 from __future__ import annotations
 
@@ -163,6 +163,12 @@ def test_ema_under_fsdp_with_sharded_checkpoints_saves_and_resumes_the_whole_ave
     """FSDP(state_dict_type="sharded") checkpoints are torch.distributed.checkpoint directories; EMA's averages go
     into their metadata file whole (each rank's shard gathered), and the resume cuts them again."""
     check_averaged_run(run_around(tmp_path, "fsdp_sharded", ["ema"])["ema"], FSDP_META_FILE)
+
+
+@pytest.mark.timeout(600)
+def test_ema_under_tensor_parallel_averages_each_shard_and_hands_back_the_full_average(tmp_path):
+    """strategy="tp": the averages are DTensors split as the weights are; the checkpoint holds them whole."""
+    check_averaged_run(run_around(tmp_path, "tp", ["ema"])["ema"])
 
 
 @pytest.mark.timeout(600)

@@ -98,6 +98,22 @@ def test_torchrun_restarts_a_ddp_fit_killed_mid_epoch_that_continues_exactly(uni
     _assert_checkpoints_deleted(tmp_path)
 
 
+def test_torchrun_restarts_a_tensor_parallel_fit_killed_mid_epoch_that_continues_exactly(tmp_path):
+    """strategy="tp" on 2 ranks, rank 1 killed in batch 1 of epoch 2 (a checkpoint every step): the restarted
+    workers rebuild the mesh, load the full fault-tolerance checkpoint into their shards and end as the same tp fit
+    that never failed."""
+    torchrun = _torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=1")
+    uninterrupted = _run(tmp_path / "uninterrupted", *torchrun, SCRIPT, str(tmp_path / "uninterrupted"),
+                         "--strategy", "tp")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-5000:]
+    process = _run(tmp_path / "killed", *torchrun, SCRIPT, str(tmp_path / "killed"), "--strategy", "tp", "--every",
+                   "1", "--fail", "0:kill:1:1:1")
+    assert process.returncode == 0, process.stderr[-5000:]
+    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
+    _assert_same_run(_result(tmp_path / "killed"), _result(tmp_path / "uninterrupted"))
+    _assert_checkpoints_deleted(tmp_path / "killed")
+
+
 def test_a_mid_epoch_model_checkpoint_resumes_on_two_processes_with_the_whole_history(uninterrupted, tmp_path):
     """fit(resume_from=) a ModelCheckpoint written after batch 1 of epoch 3 by the uninterrupted run: rank 0 carries
     the loss both ranks summed before it, each rank its own accuracy state (before, every rank restored rank 0's own

@@ -67,6 +67,15 @@ def test_tensor_parallel_matches_plain_pytorch_saves_resumes_and_evaluates(tmp_p
     expected_lm = reference(TinyLM(), lm_data(), lm_loss, "adamw", 16, epochs=2)
     for case in ("lm_adamw_auto", "lm_adamw_loss_parallel"):
         assert_matches(found[case], expected_lm, case)
+    net = make_net()
+    bf16 = easyfit.Model(net, "cross_entropy", OPTIMIZERS["sgd"](net.parameters()))
+    bf16.fit(*make_data(), batch_size=32, epochs=3, shuffle=False, verbose=0, lr_scaling=None, precision="bf16-mixed")
+    bf16_expected = {"weights": bf16.net.state_dict(), "loss": bf16.history.history["loss"]}
+    assert_matches(found["mlp_sgd_bf16"], bf16_expected, "mlp_sgd_bf16 against one process in bf16", atol=1e-3)
+    assert "Sharded parameters" in found["summary_in_fit"], found["summary_in_fit"]
+    for line in ("Total params: 163 (83 on this rank)", "0.weight: (8, 6) of (16, 6), tp: split on dim 0",
+                 "2.weight: (3, 8) of (3, 16), tp: split on dim 1", "2.bias: (3,) of (3,), tp: whole"):
+        assert line in found["summary_in_fit"], found["summary_in_fit"]
     print(found["lm_plan"])
     assert "8 layers split; 5 replicated" in found["lm_summary"], found["lm_summary"]
 

@@ -49,7 +49,8 @@ def fit(model: easyfit.Model, strategy: str, epochs: int, callbacks: list, **opt
     x, y = make_data()
     if strategy == "fsdp_sharded":   # FSDP writing torch.distributed.checkpoint directories
         strategy = FSDP(state_dict_type="sharded")
-    return model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, lr_scaling=None, devices=2,
+    batch_size = 32 if strategy == "tp" else 16   # tp's ranks share one batch: the others' two batches together
+    return model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, lr_scaling=None, devices=2,
                      accelerator="cpu", strategy=strategy, validation_data=(x[:64], y[:64]), callbacks=callbacks,
                      **options)
 

@@ -1,7 +1,7 @@
 """A fit that fails on chosen attempts, run under torchrun or easyfit's own `max_restarts` by the fault-tolerance
 tests; every restarted attempt continues from the fault-tolerance checkpoint with no code here to do it.
 
-Usage: python elastic.py OUT_DIR [--strategy ddp|ddp_spawn|fsdp|fsdp-sharded] [--max-restarts N]
+Usage: python elastic.py OUT_DIR [--strategy ddp|ddp_spawn|fsdp|fsdp-sharded|tp] [--max-restarts N]
                                  [--launch-restarts N] [--every N] [--record] [--save-every N] [--resume PATH]
                                  [--fail ATTEMPT:MODE:RANK:EPOCH:BATCH ...]
 MODE: kill (SIGKILL), raise (an exception in a callback), or lose-node (SIGKILL the torchrun agent, then itself).
@@ -130,7 +130,9 @@ def main() -> None:
                           scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5))
     strategy = easyfit.strategies.FSDP(state_dict_type="sharded") if args.strategy == "fsdp-sharded" else args.strategy
     devices = "auto" if "TORCHELASTIC_RUN_ID" in os.environ else 2
-    history = model.fit(x, y, epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle=args.record, verbose=0,
+    # tensor parallelism's 2 ranks share one batch: the combined batch of the data-parallel strategies' two
+    batch_size = 2 * BATCH_SIZE if args.strategy == "tp" else BATCH_SIZE
+    history = model.fit(x, y, epochs=EPOCHS, batch_size=batch_size, shuffle=args.record, verbose=0,
                         validation_data=(x[:40], y[:40]),
                         callbacks=callbacks, strategy=strategy, devices=devices, accelerator="cpu",
                         max_restarts=args.max_restarts, fault_tolerance_every_n_steps=args.every,

@@ -4,7 +4,8 @@ Usage: python tensor_parallel.py OUT_DIR SUITE
 SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel, TP_DEVICES=4
 in the environment). Each
 case trains from the same start as tests/distributed/test_tensor_parallel.py's plain PyTorch reference and records
-the weights after fit and the History's losses; the "tp" suite also saves, resumes (a full file and a DCP folder),
+the weights after fit and the History's losses; the "tp" suite also trains in bf16-mixed, reads model.summary() inside
+a fit, saves, resumes (a full file and a DCP folder),
 evaluates and predicts; "fsdp_tp" resumes the LM from a full file. Each rank writes OUT_DIR/<rank>.pt.
 """
 import os
@@ -15,7 +16,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import easyfit
-from easyfit.callbacks import ModelCheckpoint
+from easyfit.callbacks import Callback, ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,14 +77,23 @@ def outcome(model: easyfit.Model) -> dict:
             "loss": list(model.history.history["loss"])}
 
 
+class SummaryInFit(Callback):
+    """model.summary() as a callback sees it inside the fit: the sharded net, each parameter's piece on this rank."""
+
+    def on_train_begin(self, logs=None):
+        self.text = self.model.summary(print_fn=None)
+
+
 def tp(**options):
     return easyfit.strategies.ModelParallel(data_parallel_size=1, **options)
 
 
 def tp_suite(out: str) -> dict:
     mlp, lm = make_data(), lm_data()
+    summary = SummaryInFit()
     results = {
-        "mlp_sgd_auto": outcome(fit("tp", make_net(), mlp, "cross_entropy", "sgd", 32)),
+        "mlp_sgd_auto": outcome(fit("tp", make_net(), mlp, "cross_entropy", "sgd", 32, callbacks=[summary])),
+        "mlp_sgd_bf16": outcome(fit("tp", make_net(), mlp, "cross_entropy", "sgd", 32, precision="bf16-mixed")),
         "mlp_adamw_dict_clip": outcome(fit(tp(plan={"0": "colwise", "2": "rowwise"}), make_net(), mlp,
                                            "cross_entropy", "adamw", 16, gradient_accumulation_steps=2,
                                            gradient_clip_val=0.5)),
@@ -93,6 +103,7 @@ def tp_suite(out: str) -> dict:
     parallel = fit(tp(loss_parallel=True), TinyLM(), lm, lm_loss, "adamw", 16, epochs=2)
     results["lm_adamw_loss_parallel"] = outcome(parallel)
     results["lm_summary"] = parallel.strategy.describe_setup()
+    results["summary_in_fit"] = summary.text
     results["lm_plan"] = parallel.strategy.found.describe(TinyLM())
     results["evaluate"] = {"scores": parallel.evaluate(*lm, batch_size=5, verbose=0, return_dict=True,
                                                        strategy="tp", devices=2, accelerator="cpu"),
