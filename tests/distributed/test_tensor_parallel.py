@@ -76,6 +76,7 @@ def test_tensor_parallel_matches_plain_pytorch_saves_resumes_and_evaluates(tmp_p
     for line in ("Total params: 163 (83 on this rank)", "0.weight: (8, 6) of (16, 6), tp: split on dim 0",
                  "2.weight: (3, 8) of (3, 16), tp: split on dim 1", "2.bias: (3,) of (3,), tp: whole"):
         assert line in found["summary_in_fit"], found["summary_in_fit"]
+    assert found["kept_val_loss"] == pytest.approx(found["handed_back_val_loss"], abs=1e-6)
     print(found["lm_plan"])
     assert "8 layers split; 5 replicated" in found["lm_summary"], found["lm_summary"]
 

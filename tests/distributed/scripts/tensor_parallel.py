@@ -5,7 +5,7 @@ SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-pa
 in the environment). Each
 case trains from the same start as tests/distributed/test_tensor_parallel.py's plain PyTorch reference and records
 the weights after fit and the History's losses; the "tp" suite also trains in bf16-mixed, reads model.summary() inside
-a fit, saves, resumes (a full file and a DCP folder),
+a fit, validates with hand_back=False (the sharded net itself, nothing gathered), saves, resumes (a full file and a DCP folder),
 evaluates and predicts; "fsdp_tp" resumes the LM from a full file. Each rank writes OUT_DIR/<rank>.pt.
 """
 import os
@@ -110,6 +110,9 @@ def tp_suite(out: str) -> dict:
                            "predictions": parallel.predict(lm[0], batch_size=5, strategy="tp", devices=2,
                                                            accelerator="cpu")}
     results["checkpoint"] = checkpoints(out, mlp)
+    results["kept_val_loss"], results["handed_back_val_loss"] = (
+        fit(tp(hand_back=hand_back), make_net(), mlp, "cross_entropy", "sgd", 32, epochs=2,
+            validation_data=(mlp[0][:5], mlp[1][:5])).history.history["val_loss"] for hand_back in (False, True))
     return results
 
 
