@@ -19,7 +19,7 @@ EXTRAS = {
     "examples": ["scikit-learn>=1.2", "matplotlib>=3.5"],
 }
 EXTRAS["dev"] = [
-    "ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "tensorboard>=2.10",
+    "ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "tensorboard>=2.10",   # xdist: one worker a core
     "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
     "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0",   # the callbacks around the fit, tested for real
     *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too

@@ -5,7 +5,7 @@
 # Usage: scripts/compile_soak.sh [COUNT [SEED [INDUCTOR_EVERY]]]
 #   COUNT           configurations drawn (default 2000)
 #   SEED            the draw (default 1: CI draws with 0)
-#   INDUCTOR_EVERY  one configuration in this many compiles with inductor, the rest with aot_eager (default 5)
+#   INDUCTOR_EVERY  one family (of 8 configurations) in this many compiles with inductor, the rest with aot_eager (default 5)
 # Prints pytest's summary: one line per failing configuration, named by its settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."

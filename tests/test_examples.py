@@ -60,7 +60,7 @@ def test_ci_runs_the_readme_commands_in_a_new_environment():
     readme = (root / "README.md").read_text(encoding="utf-8")
     commands = [command for command in re.findall(r"```bash\n(.+?)\n```", readme)
                 if command.startswith("pip install torch==")]
-    assert commands[0].endswith("python examples/quickstart.py") and commands[1].endswith("python -m pytest")
+    assert commands[0].endswith("python examples/quickstart.py") and commands[1].endswith("python -m pytest -n auto --dist loadscope")
     printed = subprocess.run(["bash", str(root / ".ci" / "run"), "--print-readme-commands"], cwd=root,
                              capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert printed == commands
@@ -114,7 +114,7 @@ def test_the_quickstart_installs_only_what_the_examples_need_and_dev_tests_huggi
               for name, requirements in namespace["EXTRAS"].items()}
     assert extras["examples"] == {"scikit-learn", "matplotlib"}
     assert extras["hf"] == {"transformers", "datasets", "tokenizers"}
-    assert extras["examples"] | extras["hf"] | {"pytest", "ruff"} <= extras["dev"]
+    assert extras["examples"] | extras["hf"] | {"pytest", "pytest-xdist", "ruff"} <= extras["dev"]
     # torchvision's wheels (and timm's, through it) are built for one torch build; beside another, such as the CPU
     # one, their ops fail to load and take torchmetrics' import (so easyfit's) down with them
     assert not {"torchvision", "timm"} & set().union(*extras.values())

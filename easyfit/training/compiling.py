@@ -20,7 +20,7 @@ import torch
 
 from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
-from easyfit.training.functional_step import make_program, own_cache, shapes_of, unfusable_reason
+from easyfit.training.functional_step import ParameterNames, make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
 from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
 from easyfit.training.shape_family import ShapeFamily
@@ -231,7 +231,11 @@ class CompiledSteps:
         steps = steps_per_call(value, loop.callbacks, loop.net, loop.settings.batch_size,
                                loop.settings.gradient_accumulation_steps)
         loss = getattr(loop.loss_fn, "loss_fn", loop.loss_fn)   # a fit with weights wraps the Model's loss anew
-        programs = self._cached(("programs", id(loop.net), id(loop.optimizer), id(loss), repr(settings)), dict)
+        # the programs depend on the optimizer's class, the order of its parameters and their shapes, not on the
+        # object: a new optimizer of the same kind over the same net (compile() before fitting again) reuses them
+        names = ParameterNames(loop.net, loop.optimizer)
+        programs = self._cached(("programs", id(loop.net), type(loop.optimizer), tuple(names.names),
+                                 shapes_of(names.params, names.buffers), id(loss), repr(settings)), dict)
         device = loop.strategy.root_device
         extra = {}
         if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
@@ -243,7 +247,7 @@ class CompiledSteps:
         def build(key, kind, names):
             return DirectProgram(own_cache(make_program(key, kind, names.names, names.buffer_names)), arguments,
                                  len(key.steps) if key.outputs else 0)
-        runner = FusedTraining(loop, steps, build, programs)
+        runner = FusedTraining(loop, steps, build, programs, names)
         runner.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
         return runner
 

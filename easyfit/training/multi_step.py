@@ -14,6 +14,7 @@ of fewer than N batches before an eager one (or at the end of the epoch) runs th
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -62,12 +63,15 @@ def small_step(net: torch.nn.Module, batch_size: int) -> bool:
     return sum(p.numel() for p in net.parameters()) * batch_size < SMALL_STEP
 
 
+class NotTraced(Exception):
+    """torch.compile could not trace or compile a whole-step program (nothing of it ran)."""
+
+
 class FusedTraining:
     """Trains the rest of an epoch with programs of `steps` steps; built by CompiledSteps, which keeps `programs`."""
 
-    def __init__(self, loop, steps: int, build, programs: dict):
-        self.loop, self.steps, self.build, self.programs = loop, steps, build, programs
-        self.names = fs.ParameterNames(loop.net, loop.optimizer)
+    def __init__(self, loop, steps: int, build, programs: dict, names: fs.ParameterNames):
+        self.loop, self.steps, self.build, self.programs, self.names = loop, steps, build, programs, names
         self.family: ShapeFamily | None = None
         self.rates: torch.Tensor | None = None
         self.rate_values: list | None = None
@@ -106,19 +110,19 @@ class FusedTraining:
             if self.declined or self.family is None or not self.family.takes(shapes, closing):
                 # eagerly or in parts, after the batches before it (in parts too once the fit declined: no
                 # program is compiled for batches the fit will not take again)
-                stopped = any(loop.train_batch(index, waiting, run) for index, waiting in raw) \
-                    if self._decline_resized() else self._flush(pending, run)
-                if stopped or loop.train_batch(last, batch, run):
+                stopped = self._train_in_parts(raw, run) if self._decline_resized() else \
+                    self._flush(pending, raw, run)
+                if stopped or self._train_in_parts([(last, batch, weights)], run):
                     return last, True
                 pending, raw = [], []
                 continue
             pending.append((last, inputs, target, weights))
-            raw.append((last, batch))
+            raw.append((last, batch, weights))
             if len(pending) == self.steps:
-                if self._call(pending, run):
+                if self._call_or_decline(pending, raw, run):
                     return last, True
                 pending, raw = [], []
-        return last, self._flush(pending, run)
+        return last, self._flush(pending, raw, run)
 
     def _decline_resized(self) -> bool:
         """Whether the fit has declined the whole-step programs (now or before): batches that change size (sequences
@@ -132,9 +136,33 @@ class FusedTraining:
             return True
         return self.declined
 
-    def _flush(self, pending: list, run) -> bool:
+    def _flush(self, pending: list, raw: list, run) -> bool:
         """The batches of a run shorter than N, one per call."""
-        return any(self._call([item], run) for item in pending)
+        return any(self._call_or_decline([item], [held], run) for item, held in zip(pending, raw))
+
+    def _call_or_decline(self, items: list, raw: list, run) -> bool:
+        """One program over `items`; where torch.compile cannot trace or compile it (a layer it does not take, an
+        operator under autocast it cannot differentiate twice), the fit declines the whole-step programs, says so
+        once, and trains these batches (`raw`) and the rest in parts. Whether a callback asked to stop."""
+        try:
+            return self._call(items, run)
+        except NotTraced as declined:
+            self.declined = True
+            warnings.warn(f"compile=: torch.compile cannot make the training step one program here ({declined}); "
+                          "the step runs as separately compiled parts (forward with loss, optimizer step)",
+                          stacklevel=5)
+        return self._train_in_parts(raw, run, begun=True)
+
+    def _train_in_parts(self, raw: list, run, begun: bool = False) -> bool:
+        """Batches held for a program, trained step by step in parts, each with its own sample weights (`begun`: the
+        first one's begin callback has run); whether a callback asked to stop."""
+        loop, first = self.loop, dataclasses.replace(run, batch_begin=False) if begun else run
+        for position, (index, batch, weights) in enumerate(raw):
+            if isinstance(loop.loss_fn, WeightedLoss):
+                loop.loss_fn.weights = weights
+            if loop.train_batch(index, batch, first if position == 0 else run):
+                return True
+        return False
 
     def _call(self, items: list, run) -> bool:
         """One program over `items`; whether a callback asked to stop."""
@@ -144,14 +172,23 @@ class FusedTraining:
             callbacks.call("on_train_batch_begin", first, None)
         pattern = tuple(((s % run.accumulate == 0), (s + 1) % run.accumulate == 0 or s + 1 == run.num_batches)
                         for s, _, _, _ in items)
+        schedule = self._schedule_position()
         rates = self._rates(pattern)
         program = self._program(pattern, items[0][3] is not None, run)
         params = self.names.params
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
-                                  self._state(), [item[1] for item in items],
-                                  [item[2] for item in items], [item[3] for item in items], rates)
+        try:
+            losses, outputs = program(loop.net, loop.loss_fn, params, self.names.buffers, fs.ensure_grads(params),
+                                      self._state(), [item[1] for item in items],
+                                      [item[2] for item in items], [item[3] for item in items], rates)
+        except Exception as error:
+            # loaded by the compiling already
+            from torch._dynamo.exc import TorchDynamoException
+            if not isinstance(error, TorchDynamoException):
+                raise
+            self._restore_schedule(schedule)   # raised while tracing or compiling, before any of the program ran
+            raise NotTraced(f"{type(error).__name__}: {str(error).strip().splitlines()[0]}") from error
         if self.cuda_graphs:   # the next replay overwrites the graph's outputs: the tracker keeps the losses
             losses = losses.clone()
         loop.optimizer._opt_called = True   # what an LR scheduler's wrapper of `step` records (it was bypassed)
@@ -165,6 +202,19 @@ class FusedTraining:
         if run.batch_end:
             callbacks.call("on_train_batch_end", last, BatchLogs(run.tracker, losses[-1], size))
         return loop.model.stop_training
+
+    def _schedule_position(self) -> tuple:
+        """What `_rates` advances (the optimizer step count, the learning rates, a per-step schedule's state)."""
+        scheduler = self.loop.scheduler
+        return (self.loop.optimizer_steps, [group["lr"] for group in self.loop.optimizer.param_groups],
+                None if scheduler is None else dict(vars(scheduler)))
+
+    def _restore_schedule(self, position: tuple) -> None:
+        self.loop.optimizer_steps, rates, scheduler = position
+        for group, rate in zip(self.loop.optimizer.param_groups, rates):
+            group["lr"] = rate
+        if scheduler is not None:
+            vars(self.loop.scheduler).update(scheduler)
 
     def _state(self) -> list:
         """The optimizer's state tensors, gathered again when its state was replaced (loaded) or grew."""

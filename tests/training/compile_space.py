@@ -9,6 +9,7 @@ takes 12 float features and predicts 3 classes, so one data set serves them all.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import torch
@@ -139,14 +140,20 @@ class Config:
     accumulate: int
     clip: float | None
     weights: str
-    schedule: str
-    change: str
     steps_per_execution: int | str
     batch_size: int
+    schedule: str
+    change: str
     validation: bool
 
     def __str__(self) -> str:
         return "-".join(str(value) for value in dataclasses.astuple(self))
+
+    @property
+    def family(self) -> tuple:
+        """What shapes the compiled programs (the fields before `schedule`): the configurations of a family share
+        one Model, as a user fitting one model again does, and compile once."""
+        return dataclasses.astuple(self)[:FAMILY_FIELDS]
 
     @property
     def well_conditioned(self) -> bool:
@@ -155,21 +162,32 @@ class Config:
         return self.optimizer.startswith("sgd")
 
 
-def draw(rng: random.Random) -> Config:
+FAMILY_FIELDS = 8
+#: nets torch itself cannot train in bf16-mixed on every CPU, eagerly or compiled: its LSTM under CPU bf16 autocast
+#: fails in oneDNN ("could not create a primitive descriptor") on CPUs without AVX-512; torch.compile runs
+#: TransformerEncoderLayer's evaluation fast path under CPU autocast where eager does not (other dtypes, then "expected
+#: m1 and m2 to have the same dtype" in the layer after it)
+TORCH_CANNOT_BF16 = ("lstm", "transformer")
+#: what a family's configurations vary: the schedule, the change between epochs and validation
+VARIATIONS = list(itertools.product(SCHEDULES, CHANGES, (False, True)))
+
+
+def draw_family(rng: random.Random) -> tuple:
     net, optimizer = rng.choice(sorted(NETS)), rng.choice(sorted(OPTIMIZERS))
     several = (1, "auto", "auto", 3) if optimizer != "rmsprop" else (1, "auto")   # its update is not traced
-    return Config(
-        net=net, optimizer=optimizer,
-        precision=rng.choice(("32-true", "32-true", "bf16-mixed")),
-        accumulate=rng.choice((1, 1, 2)), clip=rng.choice((None, None, 0.5)),
-        weights=rng.choice(("none", "none", "class", "sample")), schedule=rng.choice(SCHEDULES),
-        change=rng.choice(CHANGES), steps_per_execution=rng.choice(several),
-        batch_size=rng.choice((8, 10, 16)), validation=rng.random() < 0.5)
+    precision = rng.choice(("32-true", "32-true", "bf16-mixed"))
+    if net in TORCH_CANNOT_BF16:
+        precision = "32-true"
+    return (net, optimizer, precision, rng.choice((1, 1, 2)),
+            rng.choice((None, None, 0.5)), rng.choice(("none", "none", "class", "sample")), rng.choice(several),
+            rng.choice((8, 10, 16)))
 
 
-def configurations(count: int, seed: int) -> list[Config]:
+def families(count: int, members: int, seed: int) -> list[list[Config]]:
+    """`count` families of `members` configurations each (distinct variations of one drawn family)."""
     rng = random.Random(seed)
-    return [draw(rng) for _ in range(count)]
+    return [[Config(*family, *variation) for variation in rng.sample(VARIATIONS, members)]
+            for family in (draw_family(rng) for _ in range(count))]
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,16 +237,41 @@ class ScaledOutput(nn.Module):
         return self.net(x) * self.extra_scale
 
 
-def fit(config: Config, compile) -> tuple[nn.Module, dict]:
-    """The configuration's fit, eager (compile=False) or compiled: the trained net and the History."""
+def new_model(config: Config) -> easyfit.Model:
+    """The configuration's model, its net built from seed 0."""
     torch.manual_seed(0)
-    net = ScaledOutput(NETS[config.net]())
+    return easyfit.Model(ScaledOutput(NETS[config.net]()), "cross_entropy", OPTIMIZERS[config.optimizer],
+                         metrics=["accuracy"])
+
+
+def reset(net: nn.Module, fresh: nn.Module) -> None:
+    """`net` as `fresh` (the same architecture) was built: its weights, and every plain setting of every module
+    that a previous fit's callback may have changed (training flags, a Dropout's p, attributes, requires_grad)."""
+    net.load_state_dict(fresh.state_dict())
+    for module, new in zip(net.modules(), fresh.modules()):
+        for name, value in vars(new).items():
+            if isinstance(value, (bool, int, float)) and not name.startswith("_"):
+                setattr(module, name, value)
+    for param, new in zip(net.parameters(), fresh.parameters()):
+        param.requires_grad_(new.requires_grad)
+
+
+def fit(config: Config, compile, model: easyfit.Model | None = None) -> tuple[nn.Module, dict]:
+    """The configuration's fit, eager (compile=False) or compiled: the trained net and the History. `model`: one of
+    the configuration's family that earlier fits compiled for; its net is reset to the fresh net and `compile()`
+    gives it this configuration's optimizer and schedule (and its own loss module), as a user fitting a model again
+    does."""
+    fresh = new_model(config)   # draws the net's initial weights from seed 0 either way
+    if model is None:
+        model = fresh
+    else:
+        reset(model.net, fresh.net)
     scheduler, interval = None, "epoch"
     if config.schedule in ("per-epoch", "per-step"):
         scheduler = lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5)   # noqa: E731
         interval = config.schedule.removeprefix("per-")
-    model = easyfit.Model(net, "cross_entropy", OPTIMIZERS[config.optimizer], metrics=["accuracy"],
-                          scheduler=scheduler, scheduler_interval=interval)
+    model.compile(OPTIMIZERS[config.optimizer], model.loss_fn, ["accuracy"], scheduler=scheduler,
+                  scheduler_interval=interval)
     x, y = data()
     callbacks = [ChangeBetweenEpochs(config.change)]
     if config.schedule == "plateau":
@@ -242,5 +285,6 @@ def fit(config: Config, compile) -> tuple[nn.Module, dict]:
     history = model.fit(x, y, epochs=3, batch_size=config.batch_size, verbose=0, compile=compile,
                         precision=config.precision, gradient_accumulation_steps=config.accumulate,
                         gradient_clip_val=config.clip, lr_warmup_epochs=1 if config.schedule == "warmup" else 0,
-                        validation_split=0.25 if config.validation else 0.0, callbacks=callbacks, **options)
-    return net, history.history
+                        validation_data=(x[:15], y[:15]) if config.validation else None, callbacks=callbacks,
+                        **options)
+    return model.net, history.history

@@ -3,10 +3,16 @@ is fitted eagerly and compiled, and every History value must agree within 1e-5 (
 program rounds at other points, 2e-3, and an accuracy within 3 of its 60 samples: a near tie may flip), the weights
 too where SGD carries differences as they are.
 
-Most configurations compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step
-programs, their guards, the direct call, the optimizer state and learning rates easyfit hands them) without
-generating code; one in EASYFIT_COMPILE_INDUCTOR_EVERY (8 here) compiles with inductor. EASYFIT_COMPILE_CONFIGS sets
-how many are drawn (16 here: a configuration takes 8-25 s on a 2-core CPU, most of it compiling; 2,000 in the soak,
+The configurations come in families: what shapes the compiled programs (net, optimizer, precision, accumulation,
+clipping, weights, steps_per_execution, batch size) is drawn once per family, and its members vary the schedule, the
+change a callback makes between epochs and validation. A family's compiled fits share one Model, as a user fitting a
+model again does: the first compiles, the others reuse its programs (after `compile()` gives them a new optimizer and
+schedule and their net is reset to its initial weights and settings), so the guards are tested across fits as well.
+
+Most families compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step programs,
+their guards, the direct call, the optimizer state and learning rates easyfit hands them) without generating code;
+one in EASYFIT_COMPILE_INDUCTOR_EVERY (5 here) compiles with inductor. EASYFIT_COMPILE_CONFIGS sets how many
+configurations are drawn (200 here, in families of EASYFIT_COMPILE_MEMBERS, 8; 2,000 in the soak,
 scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw.
 """
 from __future__ import annotations
@@ -16,26 +22,34 @@ import warnings
 
 import pytest
 import torch
-from compile_space import configurations, fit
+from compile_space import families, fit, new_model
 
-COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "16"))
+COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "200"))
+MEMBERS = int(os.environ.get("EASYFIT_COMPILE_MEMBERS", "8"))
 SEED = int(os.environ.get("EASYFIT_COMPILE_SEED", "0"))
-#: one configuration in this many compiles with inductor, the rest with aot_eager
-INDUCTOR_EVERY = int(os.environ.get("EASYFIT_COMPILE_INDUCTOR_EVERY", "8"))
-CONFIGS = configurations(COUNT, SEED)
+#: one family in this many compiles with inductor, the rest with aot_eager
+INDUCTOR_EVERY = int(os.environ.get("EASYFIT_COMPILE_INDUCTOR_EVERY", "5"))
+FAMILIES = families(-(-COUNT // MEMBERS), MEMBERS, SEED)
 
 
-@pytest.mark.parametrize("index", range(COUNT), ids=[f"{i}-{config}" for i, config in enumerate(CONFIGS)])
-def test_compiled_fit_equals_eager(index):
-    config = CONFIGS[index]
-    backend = "inductor" if index % INDUCTOR_EVERY == INDUCTOR_EVERY - 1 else "aot_eager"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager_net, eager = fit(config, False)
-        net, compiled = fit(config, {"backend": backend})
+def assert_equal_fits(config, eager_net, eager: dict, net, compiled: dict, backend: str) -> None:
     for key, values in eager.items():
         tolerance = 1e-5 if config.precision != "bf16-mixed" else 0.05 if "accuracy" in key else 2e-3
-        assert compiled[key] == pytest.approx(values, abs=tolerance, rel=tolerance), (key, backend)
+        assert compiled[key] == pytest.approx(values, abs=tolerance, rel=tolerance), (str(config), key, backend)
     if config.well_conditioned and config.precision != "bf16-mixed":
         for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
-            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=f"{name} ({backend})")
+            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=f"{config}: {name} ({backend})")
+
+
+@pytest.mark.parametrize("index", range(len(FAMILIES)),
+                         ids=[f"{i}-{'-'.join(map(str, family[0].family))}" for i, family in enumerate(FAMILIES)])
+def test_compiled_fits_equal_eager(index):
+    family = FAMILIES[index]
+    backend = "inductor" if index % INDUCTOR_EVERY == INDUCTOR_EVERY - 1 else "aot_eager"
+    model = new_model(family[0])   # the family's compiled fits, one after the other
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for config in family:
+            eager_net, eager = fit(config, False)
+            net, compiled = fit(config, {"backend": backend}, model)
+            assert_equal_fits(config, eager_net, eager, net, compiled, backend)

@@ -96,3 +96,51 @@ def test_a_layer_frozen_between_epochs_is_not_updated(cancer):
     eager = _fit(net, data, False, 3, 0.9, callbacks=[Unfreeze()])
     compiled = _fit(net, data, {"backend": "aot_eager"}, 3, 0.9, steps_per_execution=4, callbacks=[Unfreeze()])
     _assert_same(eager, compiled)
+
+
+class Recurrent(nn.Module):
+    """An LSTM over the features read as 5 steps of 6: a layer torch.compile does not trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(6, 8, batch_first=True), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.lstm(x.reshape(len(x), 5, 6))[0][:, -1])
+
+
+def test_a_step_torch_compile_cannot_trace_declines_to_parts_with_a_notice(cancer):
+    """An LSTM net under compile=True's defaults, with a per-step schedule: the whole-step program fails to trace
+    (it once stopped the fit); the fit says so once and trains in parts, with eager's numbers and schedule."""
+    data = (cancer[0][:160], cancer[1][:160])
+    schedule = {"lr_warmup_epochs": 1}
+    eager = _fit(Recurrent, data, False, 2, **schedule)
+    with pytest.warns(UserWarning, match="cannot make the training step one program here .*Unsupported"):
+        compiled = _fit(Recurrent, data, {"backend": "aot_eager"}, 2, **schedule)
+    _assert_same(eager, compiled)
+
+
+def test_fitting_again_after_compile_reuses_the_programs_and_a_resized_layer_does_not(cancer):
+    """Keras' habit: compile() with a new optimizer, then fit again. The second fit compiles nothing and equals a
+    fresh eager fit; a layer replaced by one of another size gets programs of its own, with eager's numbers."""
+    from easyfit.training.compiling import compile_totals
+    data = (cancer[0][:128], cancer[1][:128])
+
+    def net():
+        return nn.Sequential(nn.Linear(30, 16), nn.Tanh(), nn.Linear(16, 2))
+    torch.manual_seed(0)
+    model = easyfit.Model(net(), "cross_entropy", "sgd", lr=0.05, momentum=0.9)
+    model.fit(*data, epochs=1, batch_size=32, verbose=0, compile={"backend": "aot_eager"})
+    for resized in (False, True):
+        torch.manual_seed(0)
+        fresh = net()
+        if resized:
+            fresh[2], model.net[2] = nn.Linear(16, 2, bias=False), nn.Linear(16, 2, bias=False)
+            fresh[0], model.net[0] = nn.Linear(30, 16), nn.Linear(30, 16)
+        model.net.load_state_dict(fresh.state_dict())
+        model.compile(torch.optim.SGD(model.net.parameters(), lr=0.05, momentum=0.9), model.loss_fn)
+        before = compile_totals()[0]
+        history = model.fit(*data, epochs=2, batch_size=32, verbose=0, compile={"backend": "aot_eager"})
+        assert (compile_totals()[0] > before) == resized
+        eager = _fit(lambda fresh=fresh: fresh, data, False, 2, 0.9)
+        _assert_same(eager, (model.net, history.history))

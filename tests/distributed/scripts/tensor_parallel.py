@@ -1,12 +1,12 @@
 """Tensor and 2-D parallelism as a real program: many fits per launch, their results in one file per rank.
 
 Usage: python tensor_parallel.py OUT_DIR SUITE
-SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel, TP_DEVICES=4
-in the environment). Each
-case trains from the same start as tests/distributed/test_tensor_parallel.py's plain PyTorch reference and records
-the weights after fit and the History's losses; the "tp" suite also trains in bf16-mixed, reads model.summary() inside
-a fit, validates with hand_back=False (the sharded net itself, nothing gathered), saves, resumes (a full file and a DCP folder),
-evaluates and predicts; "fsdp_tp" resumes the LM from a full file. Each rank writes OUT_DIR/<rank>.pt.
+SUITE "tp" runs on 2 processes (tensor parallel only), "fsdp_tp" on 4 (2 data-parallel × 2 tensor-parallel,
+TP_DEVICES=4 in the environment). Each case trains from the same start as tests/distributed/test_tensor_parallel.py's
+plain PyTorch reference and records the weights after fit and the History's losses. The "tp" suite also trains in
+bf16-mixed, reads model.summary() inside a fit, validates with hand_back=False (the sharded net itself, nothing
+gathered), saves, resumes (a full file and a DCP folder), evaluates and predicts; "fsdp_tp" resumes the LM from a full
+file. Each rank writes OUT_DIR/<rank>.pt.
 """
 import os
 import sys
