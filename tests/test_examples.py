@@ -60,7 +60,8 @@ def test_ci_runs_the_readme_commands_in_a_new_environment():
     readme = (root / "README.md").read_text(encoding="utf-8")
     commands = [command for command in re.findall(r"```bash\n(.+?)\n```", readme)
                 if command.startswith("pip install torch==")]
-    assert commands[0].endswith("python examples/quickstart.py") and commands[1].endswith("python -m pytest -n auto --dist loadscope")
+    assert commands[0].endswith("python examples/quickstart.py")
+    assert commands[1].endswith("python -m pytest -n auto --dist loadscope")
     printed = subprocess.run(["bash", str(root / ".ci" / "run"), "--print-readme-commands"], cwd=root,
                              capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert printed == commands
