@@ -29,7 +29,7 @@ print(json.dumps({{"torch": middle - start, "easyfit": end - middle,
 def fresh_imports() -> list[dict]:
     """Three fresh interpreters, each timing `import torch` and then `import easyfit`."""
     return [json.loads(subprocess.run([sys.executable, "-c", TIMED_IMPORT], capture_output=True, text=True,
-                                      check=True, timeout=120).stdout) for _ in range(3)]
+                                      check=True, timeout=120).stdout) for _ in range(6)]
 
 
 @pytest.mark.timeout(400)
@@ -39,7 +39,7 @@ def test_import_easyfit_loads_no_optional_package(fresh_imports):
 
 @pytest.mark.timeout(400)
 def test_import_adds_at_most_150_ms_over_torch(fresh_imports):
-    """The best of three runs discounts a busy machine."""
+    """The best of six runs discounts a busy machine (another pytest-xdist worker runs beside it)."""
     overhead = min(run["easyfit"] for run in fresh_imports)
     assert overhead <= 0.15, f"import easyfit took {overhead:.3f} s after import torch: {fresh_imports}"
 
