@@ -49,9 +49,10 @@ def summarize(net: nn.Module, input_example: Any = None) -> str:
 
 def described_net(net: nn.Module, training_net: nn.Module | None) -> nn.Module:
     """The net summary describes: inside a fit, the training copy when it holds sharded parameters, else the net."""
-    if training_net is not None and any(_local(p) is not None for p in training_net.parameters()):
-        return training_net
-    return net
+    if training_net is None:
+        return net
+    from easyfit.distributed.strategies.dtensor import holds_dtensors
+    return training_net if holds_dtensors(training_net) else net
 
 
 def _local(param: torch.Tensor) -> torch.Tensor | None:
@@ -63,9 +64,10 @@ def _local(param: torch.Tensor) -> torch.Tensor | None:
 def _count(params: list[torch.Tensor]) -> str:
     """The parameters' full count, and what this rank holds when some are sharded: "4,096 (2,048 on this rank)"."""
     total = sum(p.numel() for p in params)
-    if all(_local(p) is None for p in params):
+    pieces = [_local(p) for p in params]
+    if all(piece is None for piece in pieces):
         return f"{total:,}"
-    here = sum(p.numel() if _local(p) is None else _local(p).numel() for p in params)
+    here = sum((p if piece is None else piece).numel() for p, piece in zip(params, pieces))
     return f"{total:,} ({here:,} on this rank)"
 
 
