@@ -6,7 +6,8 @@
 # Steps, each under its own time limit, each printing one line (its exit status, seconds and the last line of its
 # log; the whole log is in $OUT/STEP.log, OUT defaulting to /tmp/gpu_check):
 #   env         the GPU, torch and the optional backends found
-#   tests       pytest -m gpu (one xdist worker per test, so the slow sharded ones spread)
+#   tests       pytest -m gpu (one xdist worker per test, so the slow sharded ones spread); GPU_TESTS="PATH ..."
+#               limits it to those test files
 #   quickstart  examples/quickstart.py, which must pick the GPU by itself
 #   memory      benchmarks/memory.py --cuda: peak GPU memory of every strategy against plain PyTorch, with the bars
 #   gpu         benchmarks/gpu.py: per-step time against the hand-written CUDA loop (MLP, bf16 ResNet-18)
@@ -49,7 +50,8 @@ print(f'{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.v
 fi
 pids=()
 if wanted tests; then
-    run tests 330 "$PYTHON" -m pytest -m gpu -n 6 --dist load -q -o addopts="-p no:cacheprovider" \
+    # shellcheck disable=SC2086
+    run tests 330 "$PYTHON" -m pytest ${GPU_TESTS:-} -m gpu -n 6 --dist load -q -o addopts="-p no:cacheprovider" \
         -rfEs --durations=15 &
     pids+=($!)
 fi

@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_map
 
 from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
@@ -107,8 +108,10 @@ class CompiledStep:
             torch.compiler.cudagraph_mark_step_begin()
         with self._wrapped_net_compiled(net):
             output, loss = self.compiled(net, loss_fn, inputs, target)
-        if self.cuda_graphs and loss is not None:   # the epoch's loss tracker keeps it past the next replay, which
-            loss = loss.clone()                      # overwrites the graph's outputs; the copy still backpropagates
+        if self.cuda_graphs:   # the next replay overwrites the graph's outputs, which the epoch's loss tracker and
+            # predict keep past it; the loss's copy still backpropagates
+            output = tree_map(lambda value: value.clone() if isinstance(value, torch.Tensor) else value, output)
+            loss = None if loss is None else loss.clone()
         return output, loss
 
     @contextlib.contextmanager

@@ -69,6 +69,18 @@ def capturable(optimizer) -> None:
                 state["step"] = state["step"].to(device)
 
 
+def leave_graph_pool(optimizer, params: list[torch.Tensor]) -> None:
+    """Gradients and optimizer state of the fit's own, at the start of an accumulation window. A step compiled in
+    parts under CUDA graphs (the fit's first) leaves its gradients in the graphs' memory pool, which a later replay
+    overwrites: they are dropped (the window's first step overwrites them anyway), and the state is copied."""
+    for p in params:
+        p.grad = None
+    for state in optimizer.state.values():
+        for name in list(state):
+            if isinstance(state[name], torch.Tensor):
+                state[name] = state[name].clone()
+
+
 def state_ready(optimizer) -> bool:
     """Whether each parameter has the state the program reads (the first step, run eagerly, makes it): a
     parameter that got no gradient then keeps none, and the eager step would skip it."""

@@ -10,6 +10,7 @@ from torch._dynamo.utils import counters
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.training import compiling, functional_step
 from easyfit.training.compiling import LearningRatesInTensors, compile_settings
 
 
@@ -137,6 +138,21 @@ def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, m
     graphs = GraphsPerEpoch()
     _assert_close(eager, _fit(make_net, classification, compile=mode, device="cuda", callbacks=[graphs]), 1e-5)
     assert graphs.counts[0] > 0 and graphs.counts[1] == graphs.counts[0]   # nothing compiled in the second epoch
+
+
+def test_the_hand_off_from_parts_to_programs_under_cuda_graphs_keeps_eager_s_numbers(make_net, classification,
+                                                                                     monkeypatch):
+    """Under CUDA graphs the first step's gradients live in the graphs' pool, so the whole-step programs take over
+    with them dropped and the state copied, and each compiled forward's outputs are copied (predict keeps them).
+    A GPU alone shows the overwritten pool; here the same code runs with a mode taken for a CUDA-graph one, and
+    must give eager's numbers."""
+    monkeypatch.setattr(compiling, "CUDA_GRAPH_MODES", ("default",))
+    hand_offs = []
+    leave = functional_step.leave_graph_pool
+    monkeypatch.setattr(functional_step, "leave_graph_pool", lambda *args: hand_offs.append(leave(*args)))
+    _assert_close(_fit(make_net, classification, compile=False),
+                  _fit(make_net, classification, compile="default"), 1e-5)
+    assert len(hand_offs) == 2   # one an epoch
 
 
 def test_a_step_compiled_in_parts_draws_eager_dropout_masks(make_net, classification):

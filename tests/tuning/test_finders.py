@@ -174,7 +174,7 @@ def test_peak_memory_sees_a_large_allocation_after_a_reset():
 @pytest.mark.gpu
 def test_find_batch_size_on_a_gpu_is_within_2x_of_the_largest_that_trains():
     """With a fifth of the GPU's memory allowed, the batch found trains, and twice it runs out of memory."""
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())   # the fraction is set per device index
     torch.cuda.set_per_process_memory_fraction(0.2, device)
     try:
         net = nn.Sequential(nn.Linear(1024, 8192), nn.ReLU(), nn.Linear(8192, 8192), nn.ReLU(), nn.Linear(8192, 10))
