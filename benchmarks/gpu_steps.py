@@ -12,7 +12,7 @@ warm-up epoch (which includes any compilation) and then `--epochs` timed epochs,
 The table gives each side's median seconds per step over rounds and its speed-up over the hand-written loop (the
 median over rounds of hand / side). Bars for easyfit-compiled: at least 2x on the MLP, 1.15x on ResNet-18.
 
-To add a side, write `run_<side>(name, epochs, mode) -> [seconds per step of each timed epoch]` and add it to
+To add a side, write `run_<side>(name, epochs, device, samples) -> [seconds per step of each timed epoch]` and add it to
 RUNNERS (and to DEFAULT_SIDES to run it by default). `--device cpu` runs a smoke test without a GPU.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def on_device(name: str, device: torch.device, samples: int | None):
     return net.to(device), x[:samples].to(device), y[:samples].to(device), batch_size, precision
 
 
-def run_hand(name: str, epochs: int, mode, device: torch.device, samples: int | None) -> list[float]:
+def run_hand(name: str, epochs: int, device: torch.device, samples: int | None) -> list[float]:
     net, x, y, batch_size, precision = on_device(name, device, samples)
     optimizer = make_optimizer(name, net)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else None
@@ -74,7 +74,7 @@ def run_easyfit(name: str, epochs: int, mode, device: torch.device, samples: int
 
 RUNNERS = {
     "hand": run_hand,
-    "easyfit": lambda name, epochs, mode, device, samples: run_easyfit(name, epochs, False, device, samples),
+    "easyfit": lambda name, epochs, device, samples: run_easyfit(name, epochs, False, device, samples),
 }
 
 
@@ -87,7 +87,7 @@ def compile_mode(side: str):
 def run_side(side: str, name: str, epochs: int, device: torch.device, samples: int | None) -> list[float]:
     if side.startswith("easyfit-compiled["):
         return run_easyfit(name, epochs, compile_mode(side), device, samples)
-    return RUNNERS[side](name, epochs, None, device, samples)
+    return RUNNERS[side](name, epochs, device, samples)
 
 
 def measure(side: str, name: str, args) -> float:

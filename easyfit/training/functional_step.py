@@ -69,16 +69,12 @@ def capturable(optimizer) -> None:
                 state["step"] = state["step"].to(device)
 
 
-def leave_graph_pool(optimizer, params: list[torch.Tensor]) -> None:
-    """Gradients and optimizer state of the fit's own, at the start of an accumulation window. A step compiled in
-    parts under CUDA graphs (the fit's first) leaves its gradients in the graphs' memory pool, which a later replay
-    overwrites: they are dropped (the window's first step overwrites them anyway), and the state is copied."""
+def leave_graph_pool(params: list[torch.Tensor]) -> None:
+    """Drops the gradients at the start of an accumulation window, whose first step overwrites them anyway. A step
+    compiled in parts under CUDA graphs (the fit's first) leaves them in the graphs' memory pool, which a later
+    replay overwrites. The optimizer's state was made by the eager optimizer step, outside the pool."""
     for p in params:
         p.grad = None
-    for state in optimizer.state.values():
-        for name in list(state):
-            if isinstance(state[name], torch.Tensor):
-                state[name] = state[name].clone()
 
 
 def state_ready(optimizer) -> bool:

@@ -87,8 +87,7 @@ class FusedTraining:
         if fs.state_ready(self.loop.optimizer):
             fs.capturable(self.loop.optimizer)
             if self.cuda_graphs:   # the steps before ran in parts, their gradients in the graphs' pool
-                fs.leave_graph_pool(self.loop.optimizer, self.names.params)
-                self.state_of = None   # gather the state's tensors again
+                fs.leave_graph_pool(self.names.params)
             return True
         self.declined = True
         warnings.warn("compile=: a parameter got no gradient in the first step, so the optimizer skips it and the "

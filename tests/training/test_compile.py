@@ -143,7 +143,7 @@ def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, m
 def test_the_hand_off_from_parts_to_programs_under_cuda_graphs_keeps_eager_s_numbers(make_net, classification,
                                                                                      monkeypatch):
     """Under CUDA graphs the first step's gradients live in the graphs' pool, so the whole-step programs take over
-    with them dropped and the state copied, and each compiled forward's outputs are copied (predict keeps them).
+    with them dropped, and each compiled forward's outputs are copied (predict keeps them).
     A GPU alone shows the overwritten pool; here the same code runs with a mode taken for a CUDA-graph one, and
     must give eager's numbers."""
     monkeypatch.setattr(compiling, "CUDA_GRAPH_MODES", ("default",))
