@@ -37,7 +37,10 @@ def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> st
     process, the update one this module traces, without a loss scaler, over the net's own parameters."""
     from easyfit.distributed.strategies.base import Strategy
     kind = type(strategy)
-    if strategy.world_size > 1 or any(getattr(kind, name) is not getattr(Strategy, name) for name in (
+    if strategy.world_size > 1:
+        return (f"strategy {strategy.name!r} trains on {strategy.world_size} processes, whose gradients are combined "
+                "between the backward and the update")
+    if any(getattr(kind, name) is not getattr(Strategy, name) for name in (
             "training_step", "backward", "optimizer_step", "zero_grad", "clip_gradients", "no_sync")):
         return f"strategy {strategy.name!r} runs its own step (the forward, backward and update stay separate calls)"
     if type(optimizer) not in GROUP_SETTINGS:

@@ -89,8 +89,6 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
             gather on one rank: save a sharded checkpoint instead).
     """
 
-    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
-
     def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
         ignored = [name for name in DDP_COMMUNICATION if name in kwargs]
         if ignored:
@@ -103,6 +101,12 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
         self._user_net = self._sharded = self._optimizer = None
         self._names: list[str] = []
+
+    @property
+    def supports_compile(self) -> bool:
+        """torch.compile traces a net of DTensors (their collectives become graph nodes): the forward with the loss
+        is compiled, the step stays separate calls."""
+        return True
 
     # --- the hooks ------------------------------------------------------------------
     def build_mesh(self) -> DeviceMesh:
