@@ -72,6 +72,16 @@ def test_integer_inputs_to_an_embedding_stay_integers():
     assert easyfit.Model(net).predict(tokens).shape == (32, 2)
 
 
+def test_a_net_of_integer_inputs_that_fails_for_another_reason_reports_that_reason():
+    """The retry with the integers as floats fails too (an Embedding takes no floats): the error shown is the first
+    one, not the Embedding's complaint about the floats easyfit tried."""
+    net = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(5, 2))   # 12 features reach a Linear of 5
+    tokens, labels = torch.randint(0, 10, (32, 3)), torch.randint(0, 2, (32,))
+    with pytest.raises((RuntimeError, TypeError, ValueError)) as caught:
+        easyfit.Model(net, optimizer="sgd").fit(tokens, labels, verbose=0)
+    assert "12" in str(caught.value) and "indices" not in str(caught.value), str(caught.value)
+
+
 def test_pandas_dataframe_and_series(make_net):
     pandas = pytest.importorskip("pandas")
     generator = np.random.default_rng(0)

@@ -92,11 +92,12 @@ class FirstStep:
             dtype = _data_dtype(net, precision)
             if not (isinstance(data, TensorBatches) and _integers_to_floats(data, dtype)):
                 raise explain(error, net, inputs, self.source) from error
-        inputs = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
+            first = error
+        floats = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
         try:
-            return call_net(net, inputs)
-        except (RuntimeError, TypeError) as error:
-            raise explain(error, net, inputs, self.source) from error
+            return call_net(net, floats)
+        except (RuntimeError, TypeError):   # not a net of float inputs either: the integers' error is the one
+            raise explain(first, net, inputs, self.source) from first
 
     def run(self, net: nn.Module, inputs, target, loss_fn) -> tuple:
         """(output, target, loss) of the first training or evaluation batch, checked."""

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from runner import make_data, make_net, run_script
-from tensor_parallel import OPTIMIZERS, TinyLM, lm_data, lm_loss
+from tensor_parallel import OPTIMIZERS, SEQUENCE_PLAN, TinyLM, lm_data, lm_loss
 from torch import nn
 
 import easyfit
-from easyfit.distributed.strategies.tensor_parallel import ModelParallelStrategy, mesh_shape
+from easyfit.distributed.strategies.tensor_parallel import ModelParallelStrategy, check_sequence_length, mesh_shape
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
-from easyfit.distributed.strategy_parts.tp_plan import parse_plan
+from easyfit.distributed.strategy_parts.tp_plan import check_sequence_parallel, parse_plan
 
 pytestmark = pytest.mark.timeout(600)
 CE = nn.functional.cross_entropy
@@ -66,7 +66,7 @@ def test_tensor_parallel_matches_plain_pytorch_saves_resumes_and_evaluates(tmp_p
     for case, (optimizer, batch, options) in MLP_CASES.items():
         assert_matches(found[case], reference(make_net(), make_data(), CE, optimizer, batch, **options), case)
     expected_lm = reference(TinyLM(), lm_data(), lm_loss, "adamw", 16, epochs=2)
-    for case in ("lm_adamw_auto", "lm_adamw_loss_parallel", "lm_adamw_compiled"):
+    for case in ("lm_adamw_auto", "lm_adamw_loss_parallel", "lm_adamw_compiled", "lm_adamw_sequence"):
         assert_matches(found[case], expected_lm, case)
     assert_matches(found["mlp_adamw_compiled"], reference(make_net(), make_data(), CE, "adamw", 16),
                    "mlp_adamw_compiled")
@@ -173,6 +173,39 @@ def test_a_plan_that_does_not_fit_the_net_is_refused_naming_the_module(plan, wor
 def test_a_tied_weight_split_two_ways_is_refused():
     with pytest.raises(ValueError, match="one shared \\(tied\\) weight two ways"):
         parse_plan(TinyLM(), {"embed": "colwise", "head": "colwise"}, 2)
+
+
+def test_a_lone_column_wise_layer_in_a_dict_plan_gathers_its_output_and_a_pair_does_not():
+    plan = parse_plan(TinyLM(), SEQUENCE_PLAN, 2)
+    words = {split.path: split.words() for split in plan.splits}
+    assert words["head"] == "colwise (output gathered)" and words["encoder.layers.0.linear1"] == "colwise"
+    assert list(words)[:2] == ["embed", "encoder.layers.0.self_attn"]   # in the net's order, not the dict's
+
+
+@pytest.mark.parametrize("plan, sequence_parallel, words", [
+    (SEQUENCE_PLAN, False, "splits 'encoder.layers.0.norm1', .* along the sequence, which needs "
+                           "sequence_parallel=True"),
+    ({"embed": "rowwise", "head": "colwise"}, True, "the plan splits nothing along the sequence"),
+    ({key: value for key, value in SEQUENCE_PLAN.items() if key != "norm"}, True,
+     "'norm' \\(LayerNorm\\) has parameters but is not in the plan"),
+])
+def test_sequence_parallelism_needs_every_module_with_parameters_in_the_plan(plan, sequence_parallel, words):
+    with pytest.raises(ValueError, match=words):
+        check_sequence_parallel(TinyLM(), parse_plan(TinyLM(), plan, 2), sequence_parallel)
+
+
+def test_sequence_parallel_inputs_must_split_evenly_along_the_sequence():
+    check_sequence_length(2, None, (torch.zeros(4, 6, dtype=torch.long),), {"mask": torch.ones(4, 6)})
+    with pytest.raises(ValueError, match="an input has length 5 \\(shape \\(4, 5\\)\\): pad the sequences to a "
+                                         "multiple of 2"):
+        check_sequence_length(2, None, (), {"input_ids": torch.zeros(4, 5, dtype=torch.long)})
+
+
+def test_sequence_parallel_attention_must_be_batch_first():
+    net = nn.Sequential(nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0))
+    plan = parse_plan(net, {"0": "heads", "0.linear1": "colwise", "0.linear2": "rowwise", "0.norm*": "sequence"}, 2)
+    with pytest.raises(ValueError, match="'0.self_attn' has batch_first=False"):
+        check_sequence_parallel(net, plan, True)
 
 
 def test_mesh_sizes_that_do_not_divide_the_processes_are_refused_with_both_numbers():

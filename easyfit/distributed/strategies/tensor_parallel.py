@@ -10,17 +10,19 @@ and sums over ranks (the loss, metrics, predictions) count each TP group once.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_leaves
 
 from easyfit.distributed.strategies.dtensor import DTensorStrategy
 from easyfit.distributed.strategies.fsdp import fully_shard_net
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
-from easyfit.distributed.strategy_parts.tp_plan import Plan, parse_plan
+from easyfit.distributed.strategy_parts.tp_plan import Plan, check_sequence_parallel, parse_plan
 
 
 def check_size(value, name: str) -> None:
@@ -47,6 +49,15 @@ def mesh_shape(world: int, per_node: int, tensor_parallel_size, data_parallel_si
     return dp, tp
 
 
+def check_sequence_length(tp: int, net, args, kwargs) -> None:
+    """Under sequence parallelism each of the `tp` ranks takes an equal part of the sequence (dim 1 of each input)."""
+    for tensor in tree_leaves((args, kwargs)):
+        if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] % tp:
+            raise ValueError(f"sequence_parallel=True gives each of the {tp} tensor-parallel ranks an equal part of "
+                             f"the sequence (dim 1), but an input has length {tensor.shape[1]} (shape "
+                             f"{tuple(tensor.shape)}): pad the sequences to a multiple of {tp}")
+
+
 class ModelParallelStrategy(DTensorStrategy):
     """Tensor parallelism inside groups of `tensor_parallel_size` ranks, FSDP2 over `data_parallel_size` groups.
 
@@ -56,8 +67,12 @@ class ModelParallelStrategy(DTensorStrategy):
         plan: "auto" (easyfit finds the splits it can prove safe, see tp_auto), a dict
             {"module.path" (glob patterns allowed): "colwise" | "rowwise" | "sequence" | "heads" | a ParallelStyle},
             or a callable (net, tp_mesh) -> None that splits the net itself (e.g. with parallelize_module).
-        sequence_parallel: the plan shards activations along the sequence ("sequence" styles); only a dict or
-            callable plan says where, so "auto" refuses it.
+        sequence_parallel: between the split layers, each rank holds its part of the sequence (dim 1 of
+            (batch, sequence, features) activations; each input's dim 1 must divide by the TP size): a row-wise layer's
+            output is reduce-scattered along it, a column-wise layer's or attention's input gathered, and the norms
+            between them ("sequence" splits) run on the parts. Activation memory between the splits falls by the TP
+            size. Only a dict plan says where the norms are (every module with parameters must be in it), so "auto"
+            refuses it; a callable plan applies its own styles.
         loss_parallel: the cross-entropy is computed on logits split over the classes, never gathered (torch's
             loss_parallel); the plan's last split must be the output layer, column-wise.
         state_dict_type, hand_back: see DTensorStrategy.
@@ -120,7 +135,11 @@ class ModelParallelStrategy(DTensorStrategy):
         if callable(self.plan) and not isinstance(self.plan, dict):
             return None
         tp = self.shape[1]
-        return auto_plan(net, tp) if self.plan == "auto" else parse_plan(net, self.plan, tp)
+        if self.plan == "auto":
+            return auto_plan(net, tp)
+        plan = parse_plan(net, self.plan, tp)
+        check_sequence_parallel(net, plan, self.sequence_parallel)
+        return plan
 
     def check_net(self, net: torch.nn.Module) -> None:
         self.found = self.plan_for(net)
@@ -141,7 +160,9 @@ class ModelParallelStrategy(DTensorStrategy):
         if self.found is None:
             self.plan(net, mesh["tp"])
         else:
-            apply_plan(net, mesh["tp"], self.found, self.loss_parallel)
+            apply_plan(net, mesh["tp"], self.found, self.loss_parallel, self.sequence_parallel)
+        if self.sequence_parallel:
+            net.register_forward_pre_hook(functools.partial(check_sequence_length, self.shape[1]), with_kwargs=True)
         if self.data_parallel_size > 1:
             fully_shard_net(net, {"mesh": mesh["dp"]})
 

@@ -28,26 +28,35 @@ def output_layer(plan: Plan) -> Split:
     return last
 
 
-def torch_style(split: Split, module: nn.Module, logits: bool = False) -> ParallelStyle:
-    """torch's ParallelStyle for a split (`logits`: the output layer under loss_parallel)."""
+def torch_style(split: Split, module: nn.Module, logits: bool = False, sequence: bool = False) -> ParallelStyle:
+    """torch's ParallelStyle for a split (`logits`: the output layer under loss_parallel; `sequence`: the activations
+    between the splits are split along the sequence, dim 1: a row-wise layer's output is reduce-scattered there, a
+    column-wise layer's input gathered from there)."""
     if split.custom is not None:
         return split.custom
     if split.style == "heads":
-        return HeadParallel()
+        return HeadParallel(sequence)
     if split.style == "sequence":
-        return SequenceParallel()
+        return SequenceParallel(use_local_output=True)
+    between = Shard(1) if sequence else Replicate()
     if split.style == "rowwise":
-        return RowwiseParallel(input_layouts=Replicate()) if isinstance(module, nn.Embedding) else RowwiseParallel()
+        if isinstance(module, nn.Embedding):
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+        return RowwiseParallel(output_layouts=between)
+    if isinstance(module, nn.Embedding):
+        return ColwiseParallel(input_layouts=Replicate(), output_layouts=between)
     if logits:
-        return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    return ColwiseParallel(output_layouts=Replicate()) if split.gather else ColwiseParallel()
+        return ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)
+    return ColwiseParallel(input_layouts=between, output_layouts=Replicate() if split.gather else Shard(-1))
 
 
-def apply_plan(net: nn.Module, mesh: DeviceMesh, plan: Plan, loss_parallel: bool = False) -> None:
+def apply_plan(net: nn.Module, mesh: DeviceMesh, plan: Plan, loss_parallel: bool = False,
+               sequence_parallel: bool = False) -> None:
     """Split `net`'s modules over the 1-D TP `mesh` as `plan` says, in place."""
     modules = dict(net.named_modules())
     logits = output_layer(plan).path if loss_parallel else None
     ties = tied_groups(net)
-    parallelize_module(net, mesh, {split.path: torch_style(split, modules[split.path], split.path == logits)
+    parallelize_module(net, mesh, {split.path: torch_style(split, modules[split.path], split.path == logits,
+                                                           sequence_parallel)
                                    for split in plan.splits})
     retie(ties)

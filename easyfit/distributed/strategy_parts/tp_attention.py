@@ -24,14 +24,17 @@ def _local(tensor):
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def entering(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """`tensor` as it is; in backward, this rank's partial gradient summed over the TP ranks."""
-    return DTensor.from_local(tensor, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+def entering(tensor: torch.Tensor, mesh: DeviceMesh, sequence: bool = False) -> torch.Tensor:
+    """`tensor` whole (`sequence`: this rank's part of the sequence, dim 1, gathered); in backward, this rank's
+    partial gradient summed over the TP ranks (and split along the sequence again)."""
+    entered = DTensor.from_local(tensor, mesh, [Shard(1) if sequence else Replicate()], run_check=False)
+    return entered.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
 
 
-def leaving(partial: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """This rank's partial sum, summed over the TP ranks (its gradient is the same on every rank)."""
-    return DTensor.from_local(partial, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+def leaving(partial: torch.Tensor, mesh: DeviceMesh, sequence: bool = False) -> torch.Tensor:
+    """This rank's partial sum, summed over the TP ranks (`sequence`: only this rank's part of the sequence kept)."""
+    summed = DTensor.from_local(partial, mesh, [Partial()], run_check=False)
+    return summed.redistribute(mesh, [Shard(1) if sequence else Replicate()]).to_local()
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -51,7 +54,7 @@ def head_split_forward(self, query, key, value, key_padding_mask=None, need_weig
     if not self.batch_first:
         query, key, value = (x.transpose(0, 1) for x in (query, key, value))
     entered = {}
-    query, key, value = (entered.setdefault(id(x), entering(x, mesh)) for x in (query, key, value))
+    query, key, value = (entered.setdefault(id(x), entering(x, mesh, self.tp_sequence)) for x in (query, key, value))
     heads, rank = self.num_heads // size, mesh.get_local_rank()
     weights = _local(self.in_proj_weight).chunk(3)
     biases = _local(self.in_proj_bias).chunk(3) if self.in_proj_bias is not None else (None,) * 3
@@ -76,7 +79,7 @@ def head_split_forward(self, query, key, value, key_padding_mask=None, need_weig
         out = F.dropout(attention, dropout) @ v
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
-    out = leaving(F.linear(out.transpose(1, 2).flatten(2), _local(self.out_proj.weight)), mesh)
+    out = leaving(F.linear(out.transpose(1, 2).flatten(2), _local(self.out_proj.weight)), mesh, self.tp_sequence)
     if self.out_proj.bias is not None:
         out = out + _local(self.out_proj.bias)
     if not self.batch_first:
@@ -86,8 +89,9 @@ def head_split_forward(self, query, key, value, key_padding_mask=None, need_weig
     return out, leaving(attention.sum(dim=1) / self.num_heads, mesh)
 
 
-def split_heads(attention: nn.MultiheadAttention, mesh: DeviceMesh) -> None:
-    """Shard the layer's projections by heads over `mesh` and give it the forward over this rank's heads."""
+def split_heads(attention: nn.MultiheadAttention, mesh: DeviceMesh, sequence: bool = False) -> None:
+    """Shard the layer's projections by heads over `mesh` and give it the forward over this rank's heads
+    (`sequence`: its inputs and output are this rank's part of the sequence)."""
     def shard(param: torch.Tensor | None, placement) -> nn.Parameter | None:
         return None if param is None else nn.Parameter(distribute_tensor(param.data, mesh, [placement]),
                                                        requires_grad=param.requires_grad)
@@ -98,14 +102,19 @@ def split_heads(attention: nn.MultiheadAttention, mesh: DeviceMesh) -> None:
     attention.out_proj.weight = shard(attention.out_proj.weight, Shard(1))
     if attention.out_proj.bias is not None:
         attention.out_proj.bias = shard(attention.out_proj.bias, Replicate())
-    attention.tp_mesh = mesh
+    attention.tp_mesh, attention.tp_sequence = mesh, sequence
     attention.forward = types.MethodType(head_split_forward, attention)
 
 
 class HeadParallel(ParallelStyle):
-    """The ParallelStyle of a "heads" split: an attention layer, or a transformer layer's attention layers."""
+    """The ParallelStyle of a "heads" split: an attention layer, or a transformer layer's attention layers
+    (`sequence`: under sequence parallelism)."""
+
+    def __init__(self, sequence: bool = False):
+        super().__init__()
+        self.sequence = sequence
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         for _, attention in attention_layers(module):
-            split_heads(attention, device_mesh)
+            split_heads(attention, device_mesh, self.sequence)
         return module

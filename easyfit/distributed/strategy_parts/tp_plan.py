@@ -127,9 +127,49 @@ def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> Plan:
             if style == "heads":
                 check_heads(path, modules[path], tp_size)
             splits[path] = Split(path, style)
-    result = Plan(tp_size, list(splits.values()))
+    result = Plan(tp_size, gather_lone_columns([splits[path] for path in modules if path in splits], modules))
     check_ties(net, result)
     return result
+
+
+def gather_lone_columns(splits: list[Split], modules: dict[str, nn.Module]) -> list[Split]:
+    """`splits` in module order, each column-wise Linear that no row-wise Linear follows (the net's output layer, a
+    layer split on its own) with its output gathered whole."""
+    def lone(index: int, split: Split) -> bool:
+        after = splits[index + 1] if index + 1 < len(splits) else None
+        return split.style == "colwise" and isinstance(modules[split.path], nn.Linear) and not (
+            after is not None and after.style == "rowwise" and isinstance(modules[after.path], nn.Linear))
+    return [Split(split.path, split.style, gather=True) if lone(index, split) else split
+            for index, split in enumerate(splits)]
+
+
+def check_sequence_parallel(net: nn.Module, plan: Plan, sequence_parallel: bool) -> None:
+    """Under sequence parallelism the activations between the splits hold each rank's part of the sequence, so every
+    module with parameters must be in the plan (a norm as "sequence") and attention must take (batch, sequence, ...)
+    inputs; "sequence" splits without it would take a whole sequence for a part."""
+    styles = {split.path: split.style for split in plan.splits}
+    if not sequence_parallel:
+        named = [path for path, style in styles.items() if style == "sequence"]
+        if named:
+            raise ValueError(f"the tensor-parallel plan splits {', '.join(map(repr, named))} along the sequence, "
+                             "which needs sequence_parallel=True (the layers around it then pass activations split "
+                             "along the sequence)")
+        return
+    if "sequence" not in styles.values():
+        raise ValueError("sequence_parallel=True, but the plan splits nothing along the sequence: give the norms "
+                         "between the split layers the style 'sequence'")
+    covered = [path for path in styles if path]
+    for path, module in net.named_modules():
+        inside = any(path == done or path.startswith(done + ".") for done in covered)
+        if not inside and any(True for _ in module.parameters(recurse=False)):
+            raise ValueError(f"sequence_parallel=True: {path!r} ({type(module).__name__}) has parameters but is not "
+                             "in the plan, so each rank would train it on its part of the sequence alone; give it a "
+                             "style ('sequence' for a norm), or use sequence_parallel=False")
+        for name, attention in attention_layers(module) if path in styles else ():
+            if not attention.batch_first:
+                where = ".".join(part for part in (path, name) if part)
+                raise ValueError(f"sequence_parallel=True splits activations along dim 1 (batch, sequence, "
+                                 f"features), but {where!r} has batch_first=False: build it with batch_first=True")
 
 
 #: the dimension of a weight each split shards (None: kept whole)

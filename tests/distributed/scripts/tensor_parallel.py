@@ -58,6 +58,12 @@ def lm_loss(output, target):
     return nn.functional.cross_entropy(output.transpose(1, 2), target)
 
 
+#: TinyLM split along the sequence between its split layers: the norms run on each rank's part of the sequence
+SEQUENCE_PLAN = {"embed": "rowwise", "encoder.layers.*.self_attn": "heads", "encoder.layers.*.linear1": "colwise",
+                 "encoder.layers.*.linear2": "rowwise", "encoder.layers.*.norm*": "sequence", "norm": "sequence",
+                 "head": "colwise"}
+
+
 def callable_plan(net, mesh):
     parallelize_module(net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
@@ -100,6 +106,8 @@ def tp_suite(out: str) -> dict:
                                            gradient_clip_val=0.5)),
         "mlp_sgd_callable": outcome(fit(tp(plan=callable_plan), make_net(), mlp, "cross_entropy", "sgd", 32)),
         "lm_adamw_auto": outcome(fit("tp", TinyLM(), lm, lm_loss, "adamw", 16, epochs=2)),
+        "lm_adamw_sequence": outcome(fit(tp(plan=SEQUENCE_PLAN, sequence_parallel=True), TinyLM(), lm, lm_loss,
+                                         "adamw", 16, epochs=2)),
         "mlp_adamw_compiled": outcome(fit("tp", make_net(), mlp, "cross_entropy", "adamw", 16, compile=True)),
         "lm_adamw_compiled": outcome(fit("tp", TinyLM(), lm, lm_loss, "adamw", 16, epochs=2,
                                          compile={"backend": "aot_eager"})),
