@@ -11,10 +11,15 @@ from easyfit.callbacks.history import History
 from easyfit.data.results import is_numpy_input, prediction_result, scores_result
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
-from easyfit.distributed.hand_back import callback_attributes, recorded_warnings, reissue, restore_callback_attributes
+from easyfit.distributed.from_rank_zero import (
+    callback_attributes,
+    recorded_warnings,
+    reissue,
+    restore_callback_attributes,
+)
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategy_parts.construction import check_call, prepare_for_state
+from easyfit.distributed.strategy_parts.construction import check_built_sharded, prepare_for_state
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.losses import resolve_loss
 from easyfit.parts.metrics import MetricSet, metric_names
@@ -316,7 +321,7 @@ class Model(OnBatchCalls):
         strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
                            num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
                            training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
-        check_call(self.net, method, strategy.trains_built_sharded)
+        check_built_sharded(self.net, method, strategy.trains_built_sharded)
         strategy.check_precision(parse_precision(run.precision or self._precision.name))
         strategy.check_net(self.net)
         if isinstance(self.loss_fn, ModelLoss) and not strategy.forward_takes_targets:
@@ -350,12 +355,12 @@ class Model(OnBatchCalls):
             self._identity = (strategy.global_rank, strategy.world_size)
         self._precision = strategy.precision_plugin(self._precision, run.precision)
         launcher = strategy.launcher
-        hand_back = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
+        returns_state = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
         say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
         try:
-            with recorded_warnings(hand_back) as caught, self.compiled_steps.running(run.compile, strategy, say):
+            with recorded_warnings(returns_state) as caught, self.compiled_steps.running(run.compile, strategy, say):
                 result = CALLS[method](self, run, **inputs)
-            if not hand_back:
+            if not returns_state:
                 return result, None
             if method != "fit":
                 return result, {"warnings": caught}

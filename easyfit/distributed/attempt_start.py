@@ -15,7 +15,7 @@ import pickle
 
 import torch
 
-from easyfit.distributed.hand_back import callback_attributes, restore_callback_attributes
+from easyfit.distributed.from_rank_zero import callback_attributes, restore_callback_attributes
 from easyfit.distributed.strategy_parts.construction import built_sharded
 from easyfit.utils.tensors import on_cpu
 

@@ -86,7 +86,8 @@ def _is_transposed(tensor) -> bool:
 
 class OneDnnMatmuls(CustomGraphPass):
     """Inductor's graph pass that swaps a CPU float32 `mm`, or an `addmm` adding a bias row, for `easyfit::onednn_mm`
-    where oneDNN is faster on this machine."""
+    where oneDNN is faster on this machine; a product with a dynamic size (a dimension that changes between batches)
+    keeps torch's `mm`, as there is no one shape to time."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for node in list(graph.nodes):
@@ -94,6 +95,9 @@ class OneDnnMatmuls(CustomGraphPass):
             if operands is None:
                 continue
             a, b, bias = (value.meta["val"] if value is not None else None for value in operands)
+            sizes = (a.shape[0], a.shape[1], b.shape[1])
+            if not all(isinstance(size, int) for size in sizes):   # a dynamic size (changing batches) is not timed
+                continue
             if onednn_is_faster(a.shape[0], a.shape[1], b.shape[1], _is_transposed(a), _is_transposed(b),
                                 bias is not None):
                 with graph.inserting_before(node):

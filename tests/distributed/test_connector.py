@@ -347,3 +347,15 @@ def test_a_registered_strategy_is_taken_by_name_and_its_names_cannot_clash(monke
         easyfit.strategies.register(MySingle)
     with pytest.raises(ValueError, match="ddp are taken already"):
         easyfit.strategies.register(MySingle, names={"ddp": {}}, public_name="Other")
+
+
+def test_a_call_makes_its_launcher_once_and_a_copy_sent_to_a_rank_makes_its_own():
+    import pickle
+
+    from easyfit.distributed.launchers import ScriptLauncher
+    strategy = connect(strategy=DDPStrategy(), devices=2, accelerator="cpu")
+    launcher = strategy.launcher
+    assert isinstance(launcher, ScriptLauncher) and strategy.launcher is launcher
+    assert connect(strategy=strategy, devices=2, accelerator="cpu").launcher is not launcher   # the next call's
+    copy = pickle.loads(pickle.dumps(strategy))
+    assert "_launcher" not in copy.__dict__ and isinstance(copy.launcher, ScriptLauncher)

@@ -90,6 +90,14 @@ def test_the_pass_leaves_products_where_onednn_is_not_faster(monkeypatch):
     assert _targets(graph) == [torch.ops.aten.mm.default]
 
 
+def test_a_product_with_a_dynamic_size_keeps_mm_untimed():
+    """Batches of changing length make a size symbolic (a SymInt, which the timing cache cannot key on)."""
+    graph = make_fx(lambda x, w: torch.mm(x, w), tracing_mode="symbolic")(torch.randn(300, 256),
+                                                                         torch.randn(256, 256)).graph
+    onednn_matmul.OneDnnMatmuls()(graph)
+    assert _targets(graph) == [torch.ops.aten.mm.default]
+
+
 RATES = {"sgd": 0.05, "rmsprop": 1e-3}
 
 

@@ -104,8 +104,7 @@ class BaguaStrategy(ParallelStrategy):
             raise ValueError(f"Bagua runs on CUDA GPUs only (NCCL); this call asks for accelerator="
                              f"{call.accelerator!r}. {torch_equivalent(self.algorithm)}")
 
-    @property
-    def launcher(self):
+    def make_launcher(self):
         """Under `python -m bagua.distributed.launch` / `baguarun` the ranks exist; from a plain script with
         devices=N, easyfit re-runs the script, as for "ddp", and each re-run rank does the ready handshake."""
         from easyfit.distributed import launchers

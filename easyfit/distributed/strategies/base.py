@@ -86,9 +86,26 @@ class Strategy:
 
     @property
     def launcher(self):
-        """How ranks are started (a `easyfit.distributed.launchers.Launcher`); None: this process is the only
+        """How this call's ranks are started (a `easyfit.distributed.launchers.Launcher`), made once per call
+        (`make_launcher`; the connector's `configure_for_call` starts a call afresh); None: this process is the only
         rank, or the ranks exist already."""
+        if "_launcher" not in self.__dict__:
+            self._launcher = self.make_launcher()
+        return self._launcher
+
+    def make_launcher(self):
+        """The launcher of this call (see `launcher`)."""
         return None
+
+    def forget_launcher(self) -> None:
+        """A new call starts: its launcher is made when first asked for."""
+        self.__dict__.pop("_launcher", None)
+
+    def __getstate__(self) -> dict:
+        """A copy sent to another process (a spawned rank) makes its own launcher there."""
+        state = self.__dict__.copy()
+        state.pop("_launcher", None)
+        return state
 
     @property
     def batch_factor(self) -> int:

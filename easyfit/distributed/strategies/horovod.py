@@ -98,8 +98,7 @@ class HorovodStrategy(DataParallelShares, Strategy):
                              "the script with horovodrun on the first one, e.g. horovodrun -np 8 -H host1:4,host2:4 "
                              "python train.py (see docs/horovod.md)")
 
-    @property
-    def launcher(self):
+    def make_launcher(self):
         if self.environment.creates_processes_externally or self.num_nodes * self.num_processes == 1:
             return None
         return HorovodLauncher(self)

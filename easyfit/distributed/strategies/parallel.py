@@ -146,8 +146,7 @@ class ParallelStrategy(DataParallelShares, Strategy):
         return self.parallel_devices[self.local_rank % self.num_processes]
 
     # --- life -----------------------------------------------------------------------
-    @property
-    def launcher(self):
+    def make_launcher(self):
         """The launcher that starts this call's ranks; in a rank that exists already, the handshake of the launcher
         that started it (if easyfit's own) or None."""
         if self.environment.creates_processes_externally:

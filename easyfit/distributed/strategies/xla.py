@@ -126,8 +126,7 @@ class XLAStrategy(Strategy):
         import torch_xla.runtime as xr
         return xr
 
-    @property
-    def launcher(self):
+    def make_launcher(self):
         if not self.all_devices:
             return None
         from easyfit.distributed.launchers.xla import XLALauncher

@@ -32,7 +32,7 @@ def no_weights(kind: str, action: str) -> ValueError:
         "for a net too big to gather) and load the file into a plain net: Model.load(path, net=Net()).")
 
 
-def check_call(net: torch.nn.Module, method: str, trains: str | None) -> None:
+def check_built_sharded(net: torch.nn.Module, method: str, trains: str | None) -> None:
     """Before a fit / evaluate / predict call: a net built sharded is trained only by a strategy that trains its kind
     (`trains`, the strategy's `trains_built_sharded`), and evaluated or predicted only once it holds its weights."""
     kind = built_sharded(net)
