@@ -364,3 +364,10 @@ def _generator_kept(sampler):
     finally:
         if state is not None:
             generator.set_state(state)
+
+
+def batch_source(batches):
+    """The batch source under step limits and sample weights (which keep the batches' form)."""
+    while hasattr(batches, "batches") and not isinstance(batches, TensorBatches):
+        batches = batches.batches
+    return batches

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from easyfit.data.batches import TensorBatches, peek_first_batch
+from easyfit.data.batches import TensorBatches, batch_source, peek_first_batch
 from easyfit.data.contents import move_to_device, split_batch
 from easyfit.data.explain import (
     BATCH_NORMS,
@@ -142,13 +142,6 @@ class FirstStep:
             data.target_dtype = torch.int64   # the batches of a loader from now on; in-memory data is int64 already
             target = target.long()
         return target
-
-
-def batch_source(batches):
-    """The batch source under step limits and sample weights (which keep the batches' form)."""
-    while hasattr(batches, "batches") and not isinstance(batches, TensorBatches):
-        batches = batches.batches
-    return batches
 
 
 def _is_class_index(loss_fn, target: torch.Tensor) -> bool:

@@ -9,7 +9,7 @@ from easyfit.callbacks.backup_and_restore import backup_to_resume
 from easyfit.callbacks.base import Callback, CallbackList
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
-from easyfit.data.batches import batch_count, make_batches, split_validation
+from easyfit.data.batches import batch_count, batch_source, make_batches, split_validation
 from easyfit.data.model_targets import targets_in_forward
 from easyfit.data.steps import limit_steps
 from easyfit.data.weights import validation_weight, weigh_batches
@@ -18,7 +18,7 @@ from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_lea
 from easyfit.parts.outputs import ModelLoss
 from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
-from easyfit.training.first_batch import batch_source, prepare, prepare_fit_data
+from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
 from easyfit.training.options import FitOptions, RunOptions
 

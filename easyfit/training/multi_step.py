@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from easyfit.data.batches import TensorBatches, batch_source
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.weights import WeightedLoss
 from easyfit.training import functional_step as fs
@@ -63,6 +64,12 @@ def small_step(net: torch.nn.Module, batch_size: int) -> bool:
     return sum(p.numel() for p in net.parameters()) * batch_size < SMALL_STEP
 
 
+def fixed_shapes(batches) -> bool:
+    """Whether every batch of `batches` has the first one's shapes (but a short last one): in-memory tensors, indexed
+    by easyfit; a DataLoader or a collate function may pad each batch to its own length."""
+    return isinstance(batch_source(batches), TensorBatches)
+
+
 class NotTraced(Exception):
     """torch.compile could not trace or compile a whole-step program (nothing of it ran)."""
 
@@ -78,6 +85,10 @@ class FusedTraining:
         self.cuda_graphs = self.declined = False
         self.state_lists, self.state_of = None, None
         self.found: dict = {}   # (steps, optimizer settings, weighted, trainable): program, for this fit
+        #: whether the batches keep their shapes, so a program compiled for them will be used: None until the first
+        #: batches come; True for in-memory tensors; for other data, once a whole epoch kept them (until then, and
+        #: for good once a batch changes size, the step runs in parts, which take changing sizes as dynamic)
+        self.trusted: bool | None = None
 
     def ready(self, step: int) -> bool:
         """Whether the programs can take over at batch `step`: at the start of an accumulation window, with the
@@ -101,6 +112,8 @@ class FusedTraining:
     def _train(self, batches, step: int, run) -> tuple[int, bool]:
         loop, precision, pending, raw = self.loop, self.loop.precision, [], []
         weighted = isinstance(loop.loss_fn, WeightedLoss)
+        if self.trusted is None:
+            self.trusted = fixed_shapes(run.batches)
         last = step - 1
         for last, batch in enumerate(batches, step):
             inputs, target = split_batch(precision.convert_input(batch))
@@ -109,9 +122,9 @@ class FusedTraining:
             closing = last + 1 == run.num_batches
             if self.family is None and not closing:   # a short last batch does not set the shapes
                 self.family = ShapeFamily(shapes, may_free=False)
-            if self.declined or self.family is None or not self.family.takes(shapes, closing):
+            if self.declined or self.family is None or not self.family.takes(shapes, closing) or not self.trusted:
                 # eagerly or in parts, after the batches before it (in parts too once the fit declined: no
-                # program is compiled for batches the fit will not take again)
+                # program is compiled for batches the fit will not take again; and while the shapes are watched)
                 stopped = self._train_in_parts(raw, run) if self._decline_resized() else \
                     self._flush(pending, raw, run)
                 if stopped or self._train_in_parts([(last, batch, weights)], run):
@@ -124,6 +137,7 @@ class FusedTraining:
                 if self._call_or_decline(pending, raw, run):
                     return last, True
                 pending, raw = [], []
+        self.trusted = not self.declined   # an epoch's batches kept their shapes: the next epochs are programs
         return last, self._flush(pending, raw, run)
 
     def _decline_resized(self) -> bool:

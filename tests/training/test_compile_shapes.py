@@ -80,3 +80,41 @@ def test_the_fit_says_what_it_compiled_and_how_long_it_took(capsys):
               compile={"backend": "aot_eager"}, steps_per_execution=3)
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile=:"))
     assert re.fullmatch(r"compile=: \d+ graphs? compiled in \d+\.\d s; [01] whole-step training programs?", line), line
+
+
+def _programs(model) -> int:
+    return sum(len(value) for value in model.compiled_steps.cache.values() if isinstance(value, dict))
+
+
+def test_a_loader_whose_first_batches_share_a_length_compiles_no_whole_step_program_for_them():
+    """The first 6 batches all hold a sequence of the longest length (30) and pad to it; later ones are shorter. A
+    whole-step program compiled for the first batches would be thrown away at the first shorter batch: the first
+    epoch runs in parts while the shapes are watched, and a fit whose batches change size compiles no program."""
+    samples = sequences(count=160, longest=20)
+    for index in range(0, 96, 16):
+        samples[index] = (torch.randint(1, 20, (30,), generator=torch.Generator().manual_seed(index)), 1)
+    loader = DataLoader(samples, batch_size=16, collate_fn=padded)
+    fits = {}
+    for compile in (False, {"backend": "aot_eager"}):
+        torch.manual_seed(0)
+        model = easyfit.Model(MeanOfTokens(), "cross_entropy", "sgd", lr=0.5)
+        with pytest.warns(UserWarning, match="change size between batches") if compile else contextlib.nullcontext():
+            fits[bool(compile)] = model.fit(loader, epochs=2, verbose=0, compile=compile,
+                                            steps_per_execution=3 if compile else 1)
+    assert _programs(model) == 0
+    for key, values in fits[False].history.items():
+        assert fits[True].history[key] == pytest.approx(values, abs=1e-5), key
+
+
+def test_a_loader_of_one_shape_trains_in_programs_from_its_second_epoch_as_eagerly():
+    x, y = torch.randint(1, 20, (96, 12)), torch.randint(0, 3, (96,))
+    loader = DataLoader(list(zip(x, y)), batch_size=16)
+    fits = {}
+    for compile in (False, {"backend": "aot_eager"}):
+        torch.manual_seed(0)
+        model = easyfit.Model(MeanOfTokens(), "cross_entropy", "sgd", lr=0.5)
+        fits[bool(compile)] = model.fit(loader, epochs=3, verbose=0, compile=compile,
+                                        steps_per_execution=3 if compile else 1)
+    assert _programs(model) == 1
+    for key, values in fits[False].history.items():
+        assert fits[True].history[key] == pytest.approx(values, abs=1e-5), key
