@@ -103,6 +103,7 @@ def test_two_dimensional_fsdp_tp_matches_plain_pytorch(tmp_path):
     assert_matches(found["mlp_sgd_auto"], reference(make_net(), make_data(), CE, "sgd", 32), "fsdp_tp mlp_sgd_auto")
     assert_matches(found["mlp_adamw_dict_clip"],
                    reference(make_net(), make_data(), CE, "adamw", 16, accumulate=2, clip=0.5), "fsdp_tp mlp dict")
+    assert_matches(found["mlp_sgd_callable"], reference(make_net(), make_data(), CE, "sgd", 32), "fsdp_tp callable")
     assert_matches(found["mlp_sgd_compiled"], reference(make_net(), make_data(), CE, "sgd", 32), "fsdp_tp compiled")
     assert_matches(found["mlp_adamw_fsdp_compiled"], reference(make_net(), make_data(), CE, "adamw", 16),
                    "fsdp compiled, 4 ranks")

@@ -154,6 +154,9 @@ def fsdp_tp_suite(out: str) -> dict:
                  callbacks=[ModelCheckpoint(pattern, monitor="loss")])
     resumed = fit("fsdp_tp", TinyLM(), lm, lm_loss, "adamw", 8, epochs=2, resume_from=pattern.format(epoch=1))
     return {"mlp_sgd_auto": outcome(fit("fsdp_tp", make_net(), mlp, "cross_entropy", "sgd", 16)),
+            "mlp_sgd_callable": outcome(fit(easyfit.strategies.ModelParallel(tensor_parallel_size=2,
+                                                                             plan=callable_plan),
+                                            make_net(), mlp, "cross_entropy", "sgd", 16)),
             "mlp_sgd_compiled": outcome(fit("fsdp_tp", make_net(), mlp, "cross_entropy", "sgd", 16,
                                             compile={"backend": "aot_eager"})),
             "mlp_adamw_fsdp_compiled": outcome(fit("fsdp", make_net(), mlp, "cross_entropy", "adamw", 4,
