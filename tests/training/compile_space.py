@@ -88,11 +88,13 @@ class Counting(nn.Module):
 def _nets() -> dict:
     return {
         "mlp": lambda: nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)),
-        "batchnorm-dropout": lambda: nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(),
+        # no bias right before a BatchNorm: training cancels it (a zero gradient plus rounding noise, which Adam turns
+        # into full-size steps that differ run to run), but the running mean, and so evaluation, follows it
+        "batchnorm-dropout": lambda: nn.Sequential(nn.Linear(12, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(),
                                                    nn.Dropout(0.3), nn.Linear(16, 3)),
         "conv1d": lambda: nn.Sequential(Reshaped(2, 6), nn.Conv1d(2, 4, 3), nn.Tanh(), nn.Flatten(),
                                         nn.Linear(16, 3)),
-        "conv2d-batchnorm": lambda: nn.Sequential(Reshaped(1, 3, 4), nn.Conv2d(1, 4, 2), nn.BatchNorm2d(4),
+        "conv2d-batchnorm": lambda: nn.Sequential(Reshaped(1, 3, 4), nn.Conv2d(1, 4, 2, bias=False), nn.BatchNorm2d(4),
                                                   nn.Tanh(), nn.Flatten(), nn.Linear(24, 3)),
         "layernorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3)),
         "groupnorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.GroupNorm(4, 16), nn.Tanh(), nn.Linear(16, 3)),
