@@ -98,8 +98,7 @@ class OneDnnMatmuls(CustomGraphPass):
             sizes = (a.shape[0], a.shape[1], b.shape[1])
             if not all(isinstance(size, int) for size in sizes):   # a dynamic size (changing batches) is not timed
                 continue
-            if onednn_is_faster(a.shape[0], a.shape[1], b.shape[1], _is_transposed(a), _is_transposed(b),
-                                bias is not None):
+            if onednn_is_faster(*sizes, _is_transposed(a), _is_transposed(b), bias is not None):
                 with graph.inserting_before(node):
                     swapped = graph.call_function(torch.ops.easyfit.onednn_mm.default, operands)
                 swapped.meta.update(node.meta)

@@ -158,9 +158,8 @@ def check_sequence_parallel(net: nn.Module, plan: Plan, sequence_parallel: bool)
     if "sequence" not in styles.values():
         raise ValueError("sequence_parallel=True, but the plan splits nothing along the sequence: give the norms "
                          "between the split layers the style 'sequence'")
-    covered = [path for path in styles if path]
     for path, module in net.named_modules():
-        inside = any(path == done or path.startswith(done + ".") for done in covered)
+        inside = any(path == done or path.startswith(done + ".") for done in styles)
         if not inside and any(True for _ in module.parameters(recurse=False)):
             raise ValueError(f"sequence_parallel=True: {path!r} ({type(module).__name__}) has parameters but is not "
                              "in the plan, so each rank would train it on its part of the sequence alone; give it a "
