@@ -46,17 +46,17 @@ if wanted env; then
     run env 60 "$PYTHON" -c "
 import importlib.util, torch
 found = [name for name in ('deepspeed', 'fairscale', 'transformers', 'torchvision') if importlib.util.find_spec(name)]
-print(f'{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; found: {found}')"
+print(f'{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), torch {torch.__version__}, CUDA {torch.version.cuda}; found: {found}')"
 fi
 pids=()
 if wanted tests; then
     # shellcheck disable=SC2086
-    run tests 330 "$PYTHON" -m pytest ${GPU_TESTS:-} -m gpu -n 6 --dist load -q -o addopts="-p no:cacheprovider" \
+    run tests 250 "$PYTHON" -m pytest ${GPU_TESTS:-} -m gpu -n 8 --dist load -q -o addopts="-p no:cacheprovider" \
         -rfEs --durations=15 &
     pids+=($!)
 fi
 if wanted quickstart; then
-    run quickstart 120 "$PYTHON" -c "
+    run quickstart 150 "$PYTHON" -c "
 import runpy, easyfit.model
 seen = []
 fit = easyfit.model.Model.fit
@@ -72,12 +72,12 @@ finally:
     pids+=($!)
 fi
 if wanted memory; then
-    run memory 330 "$PYTHON" benchmarks/memory.py --cuda &
+    run memory 250 "$PYTHON" benchmarks/memory.py --cuda &
     pids+=($!)
 fi
 [[ ${#pids[@]} -gt 0 ]] && wait "${pids[@]}"
-wanted gpu && run gpu 120 "$PYTHON" benchmarks/gpu.py --rounds 1 --epochs 1 --sides hand,easyfit
-wanted steps && run steps 150 "$PYTHON" benchmarks/gpu_steps.py --workloads mlp --rounds 1 --epochs 2 \
+wanted gpu && run gpu 75 "$PYTHON" benchmarks/gpu.py --rounds 1 --epochs 1 --sides hand,easyfit
+wanted steps && run steps 100 "$PYTHON" benchmarks/gpu_steps.py --workloads mlp --rounds 1 --epochs 2 \
     --compile True,reduce-overhead
-wanted gpt && run gpt 200 "$PYTHON" benchmarks/gpt_mfu.py --steps 20
+wanted gpt && run gpt 150 "$PYTHON" benchmarks/gpt_mfu.py --steps 20
 echo "gpu_check: done; logs in $OUT"
