@@ -8,10 +8,15 @@ that differs in its batch size only (the short last batch of an epoch) runs eage
 sample is dropped. Padding that batch instead would change what a BatchNorm layer or a
 mean-reduced loss computes. The optimizer step is compiled too (a torch.optim optimizer without a loss scaler), with
 each group's learning rate held in a tensor, so schedules and warmup change it without recompiling.
+
+A `logging.Logger` call in the forward or the loss (a library's `logger.warning_once`, say) would split the step:
+torch.compile stops its graph at each one. Under `compile=` such calls are left out of the compiled graphs: they run
+in the fit's eager first step, not in the compiled steps after it.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 import warnings
 from typing import Any, Callable
@@ -261,7 +266,8 @@ class CompiledSteps:
         self.settings = compile_settings(value)
         before = compile_totals() if self.settings is not None and say is not None else None
         try:
-            with strategy.compile_context() if self.settings is not None else contextlib.nullcontext():
+            with strategy.compile_context() if self.settings is not None else contextlib.nullcontext(), \
+                    logging_left_out() if self.settings is not None else contextlib.nullcontext():
                 yield
             if before is not None:
                 graphs, seconds = (now - then for now, then in zip(compile_totals(), before))
@@ -279,6 +285,19 @@ class CompiledSteps:
     def __getstate__(self) -> dict:
         """Compiled functions do not pickle: a process that receives the Model compiles its own."""
         return {"settings": self.settings, "cache": {}, "declined": set()}
+
+
+def logging_left_out():
+    """torch.compile's setting under which the methods of every `logging.Logger` (those a library adds too, such as
+    `warning_once`) are left out of a traced graph instead of splitting it there."""
+    from torch._dynamo import config  # loads in seconds: only when compiling
+    methods = {value for value in vars(logging.Logger).values()
+               if callable(value) and getattr(value, "__name__", "").split("_")[0] in LOGGING_METHODS}
+    return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | methods)
+
+
+#: the `logging.Logger` methods (and those whose name starts with one, such as `warning_once`) that log a message
+LOGGING_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
 
 
 def compile_totals() -> tuple[int, float]:

@@ -153,8 +153,14 @@ class FusedTraining:
         return self.declined
 
     def _flush(self, pending: list, raw: list, run) -> bool:
-        """The batches of a run shorter than N, one per call."""
-        return any(self._call_or_decline([item], [held], run) for item, held in zip(pending, raw))
+        """The batches of a run shorter than N, one per call (in parts once the fit declined: the program it could
+        not trace is not traced again for each batch)."""
+        for position, (item, held) in enumerate(zip(pending, raw)):
+            if self.declined:
+                return self._train_in_parts(raw[position:], run)
+            if self._call_or_decline([item], [held], run):
+                return True
+        return False
 
     def _call_or_decline(self, items: list, raw: list, run) -> bool:
         """One program over `items`; where torch.compile cannot trace or compile it (a layer it does not take, an

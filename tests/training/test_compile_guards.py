@@ -5,6 +5,9 @@ skipped torch.compile's guards, so the first epoch's values stayed compiled in),
 epochs."""
 from __future__ import annotations
 
+import logging
+import warnings
+
 import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
@@ -138,8 +141,41 @@ def test_a_step_torch_compile_cannot_trace_declines_to_parts_with_a_notice(cance
     data = (cancer[0][:160], cancer[1][:160])
     schedule = {"lr_warmup_epochs": 1}
     eager = _fit(Recurrent, data, False, 2, **schedule)
-    with pytest.warns(UserWarning, match="cannot make the training step one program here .*Unsupported"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         compiled = _fit(Recurrent, data, {"backend": "aot_eager"}, 2, **schedule)
+    notices = [str(w.message) for w in caught if "cannot make the training step one program here" in str(w.message)]
+    # the 4 batches after the eager first one are fewer than a program's 8: the fit once traced the program again
+    # for each of them, failing each time
+    assert len(notices) == 1 and "Unsupported" in notices[0], notices
+    _assert_same(eager, compiled)
+
+
+class Logging(nn.Module):
+    """A net that logs from its forward, as libraries do."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(30, 16), nn.Tanh(), nn.Linear(16, 2))
+        self.logger = logging.getLogger("easyfit.tests.logging_net")
+
+    def forward(self, x):
+        self.logger.warning("a batch of %d", len(x))
+        return self.layers(x)
+
+
+def test_logging_in_the_forward_does_not_keep_the_step_from_being_one_program(cancer, caplog):
+    """torch.compile stops a graph at a logging call: the whole-step program once declined to parts for a net that
+    logs (Hugging Face models do, from their loss). The call runs in the eager first step, the rest is one program."""
+    from easyfit.training.compiling import compile_totals
+    data = (cancer[0][:160], cancer[1][:160])
+    eager = _fit(Logging, data, False, 2)
+    graphs = compile_totals()[0]
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="easyfit.tests.logging_net"):
+        warnings.simplefilter("error")   # no notice of a step in parts
+        compiled = _fit(Logging, data, {"backend": "aot_eager"}, 2)
+    assert compile_totals()[0] - graphs == 1, "one whole-step program, no graph for parts"
+    assert "a batch of 32" in caplog.text   # logged by the eager first step
     _assert_same(eager, compiled)
 
 
