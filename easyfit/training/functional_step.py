@@ -56,11 +56,13 @@ def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> st
     return None
 
 
-def capturable(optimizer) -> None:
+def capturable(optimizer) -> list | None:
     """Adam's step counters on its parameters' device (torch keeps them on the host unless `capturable`), so that the
-    whole program runs on the device: what a CUDA graph captures. Nothing to do on a CPU or for SGD."""
+    whole program runs on the device: what a CUDA graph captures. Nothing to do on a CPU or for SGD. The groups'
+    `capturable` flags before, for `uncapturable`."""
     if type(optimizer) is torch.optim.SGD:
-        return
+        return None
+    before = [group.get("capturable") for group in optimizer.param_groups]
     for group in optimizer.param_groups:
         device = group["params"][0].device if group["params"] else torch.device("cpu")
         if device.type == "cpu":
@@ -70,6 +72,20 @@ def capturable(optimizer) -> None:
             state = optimizer.state.get(p, {})
             if "step" in state:
                 state["step"] = state["step"].to(device)
+    return before
+
+
+def uncapturable(optimizer, before: list | None) -> None:
+    """The optimizer as it was before `capturable`: an eager step of a capturable Adam computes its bias corrections
+    on the device, a few more kernels per parameter (a GPT-2 step's AdamW took 6.1 ms of GPU time against 4.0)."""
+    for group, flag in zip(optimizer.param_groups, before or ()):
+        if group.get("capturable") == flag:
+            continue
+        group["capturable"] = flag
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "step" in state and not group.get("fused"):
+                state["step"] = state["step"].cpu()
 
 
 def leave_graph_pool(params: list[torch.Tensor]) -> None:

@@ -84,6 +84,7 @@ class FusedTraining:
         self.rate_values: list | None = None
         self.cuda_graphs = self.declined = False
         self.state_lists, self.state_of = None, None
+        self.capturable_before: list | None = None   # the optimizer's groups' `capturable` flags before the programs
         self.found: dict = {}   # (steps, optimizer settings, weighted, trainable): program, for this fit
         #: whether the batches keep their shapes, so a program compiled for them will be used: None until the first
         #: batches come; True for in-memory tensors; for other data, once a whole epoch kept them (until then, and
@@ -96,11 +97,12 @@ class FusedTraining:
         if self.declined or step % self.loop.settings.gradient_accumulation_steps:
             return False
         if fs.state_ready(self.loop.optimizer):
-            fs.capturable(self.loop.optimizer)
+            before = fs.capturable(self.loop.optimizer)
+            self.capturable_before = before if self.capturable_before is None else self.capturable_before
             if self.cuda_graphs:   # the steps before ran in parts, their gradients in the graphs' pool
                 fs.leave_graph_pool(self.names.params)
             return True
-        self.declined = True
+        self._decline()
         warnings.warn("compile=: a parameter got no gradient in the first step, so the optimizer skips it and the "
                       "whole step cannot be one program; its parts are compiled one by one instead", stacklevel=2)
         return False
@@ -145,12 +147,19 @@ class FusedTraining:
         padded per batch) go to the separately compiled parts, which compile the changing dimensions as dynamic;
         said once."""
         if self.family is not None and self.family.resized and not self.declined:
-            self.declined = True
+            self._decline()
             warnings.warn("compile=: the batches change size between batches, which the whole-step program does not "
                           "take; the step runs as separately compiled parts (forward with loss, optimizer step) "
                           "with the changing dimensions dynamic", stacklevel=4)
             return True
         return self.declined
+
+    def _decline(self) -> None:
+        """The rest of the fit runs in parts, as a fit that never had programs: the optimizer as the user made it
+        (not capturable unless it was) and its step compiled on its own."""
+        loop, self.declined = self.loop, True
+        fs.uncapturable(loop.optimizer, self.capturable_before)
+        loop.compiled_optimizer_step = loop.steps.optimizer_step(loop.optimizer, loop.precision, loop.strategy)
 
     def _flush(self, pending: list, raw: list, run) -> bool:
         """The batches of a run shorter than N, one per call (in parts once the fit declined: the program it could
@@ -169,7 +178,7 @@ class FusedTraining:
         try:
             return self._call(items, run)
         except NotTraced as declined:
-            self.declined = True
+            self._decline()
             warnings.warn(f"compile=: torch.compile cannot make the training step one program here ({declined}); "
                           "the step runs as separately compiled parts (forward with loss, optimizer step)",
                           stacklevel=5)
