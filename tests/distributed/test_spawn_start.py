@@ -1,0 +1,45 @@
+"""ddp_spawn's ranks start from a fork server (started once per caller, with torch, easyfit and torchmetrics
+imported), yet take what a freshly spawned process takes from the caller at each call: its environment variables and
+its standard output and error, not the ones the server had when it started."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import Callback
+from easyfit.distributed.launchers.spawn import process_start
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class ReadVariable(Callback):
+    """Records, in rank 0, an environment variable as the rank sees it (callbacks come back from rank 0)."""
+
+    def on_train_begin(self, logs=None):
+        self.value = os.environ.get("EASYFIT_TEST_SPAWN_MARK")
+
+
+def _fit(model, callback):
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    model.fit(x, (x[:, 0] > 0).long(), epochs=1, batch_size=16, verbose=2, callbacks=[callback], devices=2,
+              accelerator="cpu", strategy="ddp_spawn")
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_spawned_ranks_take_the_caller_s_output_and_environment_at_each_call(capfd, monkeypatch):
+    assert process_start("spawn") == "forkserver"
+    model = easyfit.Model(nn.Linear(4, 2), "cross_entropy", "sgd", metrics=["accuracy"])
+    first = ReadVariable()
+    with capfd.disabled():   # the server may start here, its output the terminal's
+        monkeypatch.setenv("EASYFIT_TEST_SPAWN_MARK", "first")
+        _fit(model, first)
+    monkeypatch.setenv("EASYFIT_TEST_SPAWN_MARK", "second")
+    second = ReadVariable()
+    _fit(model, second)
+    assert (first.value, second.value) == ("first", "second")
+    assert "Epoch 1/1" in capfd.readouterr().out, "rank 0's progress must reach the caller's output of this call"
