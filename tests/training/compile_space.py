@@ -3,8 +3,10 @@
 
 A configuration is a net (layers users train), an optimizer (those traced into the whole-step program and those
 stepped apart), a precision, accumulation, clipping, class or sample weights, a schedule, a callback that changes
-the run between epochs, steps_per_execution, a batch size (most leave a short last batch) and validation. Every net
-takes 12 float features and predicts 3 classes, so one data set serves them all.
+the run between epochs, steps_per_execution, a batch size (most leave a short last batch), how the data comes
+(tensors in memory, a DataLoader, or a DataLoader whose batches change length, for the sequence nets) and
+validation. Every net takes 12 float features (a sequence net reads them as steps of 4, so 8 features are a shorter
+sequence) and predicts 3 classes, so one data set serves them all.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import random
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import easyfit
 from easyfit.callbacks import Callback, LearningRateScheduler, ReduceLROnPlateau
@@ -99,11 +102,11 @@ def _nets() -> dict:
         "layernorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3)),
         "groupnorm": lambda: nn.Sequential(nn.Linear(12, 16), nn.GroupNorm(4, 16), nn.Tanh(), nn.Linear(16, 3)),
         "embedding": Bagged,
-        "gru": lambda: nn.Sequential(Reshaped(3, 4), LastStep(nn.GRU(4, 8, batch_first=True)), nn.Linear(8, 3)),
-        "lstm": lambda: nn.Sequential(Reshaped(3, 4), LastStep(nn.LSTM(4, 8, batch_first=True)), nn.Linear(8, 3)),
-        "transformer": lambda: nn.Sequential(Reshaped(3, 4), nn.Linear(4, 8), nn.TransformerEncoderLayer(
+        "gru": lambda: nn.Sequential(Reshaped(-1, 4), LastStep(nn.GRU(4, 8, batch_first=True)), nn.Linear(8, 3)),
+        "lstm": lambda: nn.Sequential(Reshaped(-1, 4), LastStep(nn.LSTM(4, 8, batch_first=True)), nn.Linear(8, 3)),
+        "transformer": lambda: nn.Sequential(Reshaped(-1, 4), nn.Linear(4, 8), nn.TransformerEncoderLayer(
             8, 2, 16, dropout=0.1, batch_first=True), MeanOverTime(), nn.Linear(8, 3)),
-        "attention": lambda: nn.Sequential(Reshaped(3, 4), nn.Linear(4, 8), SelfAttention(), MeanOverTime(),
+        "attention": lambda: nn.Sequential(Reshaped(-1, 4), nn.Linear(4, 8), SelfAttention(), MeanOverTime(),
                                            nn.Linear(8, 3)),
         "tied": Tied,
         "buffer-in-forward": Counting,
@@ -144,6 +147,7 @@ class Config:
     weights: str
     steps_per_execution: int | str
     batch_size: int
+    data: str
     schedule: str
     change: str
     validation: bool
@@ -164,7 +168,9 @@ class Config:
         return self.optimizer.startswith("sgd")
 
 
-FAMILY_FIELDS = 8
+FAMILY_FIELDS = 9
+#: nets that read their features as a sequence of steps of 4 (the only ones a batch of 8 features fits)
+SEQUENCE_NETS = ("gru", "lstm", "transformer", "attention")
 #: nets torch itself cannot train in bf16-mixed on every CPU, eagerly or compiled: its LSTM under CPU bf16 autocast
 #: fails in oneDNN ("could not create a primitive descriptor") on CPUs without AVX-512; torch.compile runs
 #: TransformerEncoderLayer's evaluation fast path under CPU autocast where eager does not (other dtypes, then "expected
@@ -180,9 +186,12 @@ def draw_family(rng: random.Random) -> tuple:
     precision = rng.choice(("32-true", "32-true", "bf16-mixed"))
     if net in TORCH_CANNOT_BF16:
         precision = "32-true"
-    return (net, optimizer, precision, rng.choice((1, 1, 2)),
-            rng.choice((None, None, 0.5)), rng.choice(("none", "none", "class", "sample")), rng.choice(several),
-            rng.choice((8, 10, 16)))
+    data = rng.choice(("tensors", "tensors", "loader", "lengths"))
+    if data == "lengths" and net not in SEQUENCE_NETS:
+        data = "loader"
+    weights = rng.choice(("none", "none", "class", "sample")) if data == "tensors" else "none"   # weights: tensors
+    return (net, optimizer, precision, rng.choice((1, 1, 2)), rng.choice((None, None, 0.5)), weights,
+            rng.choice(several), rng.choice((8, 10, 16)), data)
 
 
 def families(count: int, members: int, seed: int) -> list[list[Config]]:
@@ -196,6 +205,27 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     """60 samples, 12 features, 3 classes a small net learns."""
     x = torch.randn(60, 12, generator=torch.Generator().manual_seed(0))
     return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+class ShorterEveryOtherBatch:
+    """A collate function whose batches alternate between whole sequences (12 features: 3 steps of 4) and the first
+    2 steps (8 features), as a padding collator's lengths change from batch to batch."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def __call__(self, samples):
+        x, y = (torch.stack(column) for column in zip(*samples))
+        self.batches += 1
+        return (x if self.batches % 2 else x[:, :8]), y
+
+
+def training_data(config: Config, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """fit's data as the configuration gives it: (x, y) for tensors, (loader,) for a DataLoader."""
+    if config.data == "tensors":
+        return x, y
+    collate = ShorterEveryOtherBatch() if config.data == "lengths" else None
+    return (DataLoader(TensorDataset(x, y), batch_size=config.batch_size, collate_fn=collate),)
 
 
 class ChangeBetweenEpochs(Callback):
@@ -284,7 +314,9 @@ def fit(config: Config, compile, model: easyfit.Model | None = None) -> tuple[nn
         {"sample_weight": torch.linspace(0.2, 2.0, len(x))} if config.weights == "sample" else {}
     if compile is not False:
         options["steps_per_execution"] = config.steps_per_execution
-    history = model.fit(x, y, epochs=3, batch_size=config.batch_size, verbose=0, compile=compile,
+    if config.data == "tensors":   # a DataLoader batches by itself
+        options["batch_size"] = config.batch_size
+    history = model.fit(*training_data(config, x, y), epochs=3, verbose=0, compile=compile,
                         precision=config.precision, gradient_accumulation_steps=config.accumulate,
                         gradient_clip_val=config.clip, lr_warmup_epochs=1 if config.schedule == "warmup" else 0,
                         validation_data=(x[:15], y[:15]) if config.validation else None, callbacks=callbacks,

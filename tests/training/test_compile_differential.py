@@ -4,7 +4,8 @@ program rounds at other points, within one bf16 rounding step, and an accuracy w
 weights too where SGD carries differences as they are.
 
 The configurations come in families: what shapes the compiled programs (net, optimizer, precision, accumulation,
-clipping, weights, steps_per_execution, batch size) is drawn once per family, and its members vary the schedule, the
+clipping, weights, steps_per_execution, batch size, data as tensors, a DataLoader or a DataLoader whose batches change
+length) is drawn once per family, and its members vary the schedule, the
 change a callback makes between epochs and validation. A family's compiled fits share one Model, as a user fitting a
 model again does: the first compiles, the others reuse its programs (after `compile()` gives them a new optimizer and
 schedule and their net is reset to its initial weights and settings), so the guards are tested across fits as well.
