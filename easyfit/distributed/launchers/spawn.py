@@ -5,7 +5,8 @@ state come back to the caller through a file.
 once per caller, which imports torch, easyfit and torchmetrics once; each rank is a fork of it, as clean as a spawned
 interpreter (it never ran the caller's code) without paying those imports again on every call (on 2 CPU cores: a
 2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the first call 8.9 s). A rank takes
-the caller's environment variables as they are at the call, not as they were when the server started."""
+the caller's environment variables and standard output and error as they are at the call, not as they were when the
+server started (`CallerSide`)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -67,10 +68,11 @@ class ProcessLauncher(Launcher):
             environment = self.strategy.environment
             # the ranks' rendezvous; the caller's own environment (and the processes it starts later) keeps none
             with variables_set({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port)}):
-                caller = CallerSide() if self.start_method == "spawn" else None
+                start = process_start(self.start_method)
+                caller = CallerSide() if start == "forkserver" else None
                 processes = torch.multiprocessing.start_processes(
                     _run_rank, args=(work, exchange_dir, caller),
-                    nprocs=self.strategy.num_processes, join=False, start_method=process_start(self.start_method))
+                    nprocs=self.strategy.num_processes, join=False, start_method=start)
             try:
                 while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
                     pass
@@ -112,8 +114,9 @@ def process_start(start_method: str) -> str:
 
 
 class CallerSide:
-    """What a spawned rank takes from the caller at the call: its environment variables and its standard output and
-    error (a fork server's children would have the server's, as they were when it started)."""
+    """What a rank forked by the fork server takes from the caller at the call: its environment variables and its
+    standard output and error (it would have the server's, as they were when the server started). A spawned rank
+    starts with the caller's own and needs none of it."""
 
     def __reduce__(self):
         # runs while the rank's arguments are pickled for it: DupFd hands it a copy of each file descriptor
