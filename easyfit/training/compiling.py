@@ -266,8 +266,7 @@ class CompiledSteps:
         self.settings = compile_settings(value)
         before = compile_totals() if self.settings is not None and say is not None else None
         try:
-            with strategy.compile_context() if self.settings is not None else contextlib.nullcontext(), \
-                    logging_left_out() if self.settings is not None else contextlib.nullcontext():
+            with _compiling(strategy) if self.settings is not None else contextlib.nullcontext():
                 yield
             if before is not None:
                 graphs, seconds = (now - then for now, then in zip(compile_totals(), before))
@@ -285,6 +284,13 @@ class CompiledSteps:
     def __getstate__(self) -> dict:
         """Compiled functions do not pickle: a process that receives the Model compiles its own."""
         return {"settings": self.settings, "cache": {}, "declined": set()}
+
+
+@contextlib.contextmanager
+def _compiling(strategy):
+    """What a call with `compile=` runs under: the strategy's compile context, logging calls left out of the graphs."""
+    with strategy.compile_context(), logging_left_out():
+        yield
 
 
 def logging_left_out():
