@@ -9,7 +9,6 @@ from torch import nn
 from easyfit.callbacks.base import CallbackList, callback_list, fit_returned
 from easyfit.callbacks.history import History
 from easyfit.data.results import is_numpy_input, prediction_result, scores_result
-from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.from_rank_zero import (
     callback_attributes,
@@ -17,30 +16,24 @@ from easyfit.distributed.from_rank_zero import (
     reissue,
     restore_callback_attributes,
 )
-from easyfit.distributed.memory import estimate
+from easyfit.distributed.run_options import RunOptions, takes_run_options
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.distributed.strategy_parts.construction import check_built_sharded, prepare_for_state
+from easyfit.distributed.strategy_parts.construction import prepare_for_state
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.losses import resolve_loss
 from easyfit.parts.metrics import MetricSet, metric_names
 from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer_name, parameter_groups
-from easyfit.parts.outputs import ModelLoss
-from easyfit.parts.precision import Precision, parse_precision
+from easyfit.parts.precision import Precision
 from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.saving.fault_tolerance import max_restarts_for
 from easyfit.saving.resume import EpochPosition
-from easyfit.training.compiling import CompiledSteps, check_compile
+from easyfit.training.compiling import CompiledSteps
 from easyfit.training.in_process import CALLS as IN_PROCESS_CALLS, fit_callbacks
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
-from easyfit.training.options import (
-    FitOptions,
-    RunOptions,
-    call_options,
-    check_fit_options,
-    run_options_documented,
-)
+from easyfit.training.options import check_fit_options, fit_options
+from easyfit.training.plan import Plan, plan_call
 from easyfit.tuning.batch_size_finder import search_in_process
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
 
@@ -122,15 +115,13 @@ class Model(OnBatchCalls):
         return (self._identity or launch_identity())[1]
 
     # --- public API ---------------------------------------------------------------------
-    @run_options_documented
+    @takes_run_options()
     def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
             steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
             seed=0, resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
             lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
-            steps_per_execution="auto", devices="auto", accelerator="auto", strategy="auto", num_nodes=1,
-            precision=None, compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
-            replace_sampler=True, collate_fn=None, **unknown) -> History:
+            steps_per_execution="auto", run: RunOptions) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
@@ -162,7 +153,7 @@ class Model(OnBatchCalls):
             fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
             steps_per_execution: with compile=, training steps per compiled call; "auto" (default) picks (api.md).
         """
-        run, options = call_options(locals(), RunOptions, FitOptions)
+        options = fit_options(locals())
         check_fit_options(options)
         options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
         history = self._dispatch("fit", run, x=x, y=y, options=options)
@@ -170,11 +161,9 @@ class Model(OnBatchCalls):
         fit_returned(options.callbacks)   # outside every launcher: e.g. OptunaPruning raises TrialPruned here
         return history
 
-    @run_options_documented
+    @takes_run_options()
     def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, *,
-                 devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                 auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                 collate_fn=None, **unknown):
+                 run: RunOptions):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
         no metrics, else [loss, metric, ...] in the order given to the Model.
 
@@ -185,18 +174,14 @@ class Model(OnBatchCalls):
             callbacks: Callback objects whose test hooks run (default none).
             return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
         """
-        (run,) = call_options(locals(), RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         logs = self._dispatch("evaluate", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
                               callbacks=callback_list(callbacks))
         return scores_result(logs, self.metrics.names, return_dict)
 
-    @run_options_documented
-    def predict(self, x, batch_size=32, verbose=0, callbacks=None, *,
-                devices="auto", accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                collate_fn=None, **unknown):
+    @takes_run_options()
+    def predict(self, x, batch_size=32, verbose=0, callbacks=None, *, run: RunOptions):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
         otherwise; float32 under mixed precision.
 
@@ -206,7 +191,6 @@ class Model(OnBatchCalls):
             verbose: 0 (default) silent, 1 a progress bar.
             callbacks: Callback objects whose predict hooks run (default none).
         """
-        (run,) = call_options(locals(), RunOptions)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         outputs = self._dispatch("predict", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
@@ -315,27 +299,12 @@ class Model(OnBatchCalls):
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
-        """Run the call `method` ("fit", "evaluate", ...: CALLS) in this process or, via the
-        strategy's launcher, in every rank."""
-        training_memory = estimate(self.net, self.optimizer) if method == "fit" else None
-        strategy = connect(strategy=run.strategy, devices=run.devices, accelerator=run.accelerator,
-                           num_nodes=run.num_nodes, process_group_backend=run.process_group_backend,
-                           training_memory=training_memory, auto_select_gpus=run.auto_select_gpus)
-        check_built_sharded(self.net, method, strategy.trains_built_sharded)
-        strategy.check_precision(parse_precision(run.precision or self._precision.name))
-        strategy.check_net(self.net)
-        if isinstance(self.loss_fn, ModelLoss) and not strategy.forward_takes_targets:
-            raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
-                             f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
-                             "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
-        check_compile(run.compile, strategy, inputs.get("options"))
-        launcher = strategy.launcher
-        if method == "fit":
-            from easyfit.distributed.launchers.restarts import with_restarts
-            launcher = with_restarts(launcher, strategy, inputs["options"], self)
-        if launcher is None:
-            return self._in_process(strategy, method, run, **inputs)[0]
-        result, state = launcher.launch(self._in_process, strategy, method, run, **inputs)
+        """Run the call `method` ("fit", "evaluate", ...: CALLS) by its plan: in this process or, through the
+        plan's launcher, in every rank."""
+        plan = plan_call(self, method, run, inputs.get("options"))
+        if plan.launcher is None:
+            return self._in_process(plan, **inputs)[0]
+        result, state = plan.launcher.launch(self._in_process, plan, **inputs)
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
@@ -347,15 +316,15 @@ class Model(OnBatchCalls):
             return self.history
         return result
 
-    def _in_process(self, strategy: Strategy, method: str, run: RunOptions, **inputs):
+    def _in_process(self, plan: Plan, **inputs):
         """(result, state to hand back to the caller or None), for this rank."""
+        strategy, method, run = plan.strategy, plan.method, plan.run
         strategy.setup_environment()
         self.strategy = strategy
         if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
             self._identity = (strategy.global_rank, strategy.world_size)
-        self._precision = strategy.precision_plugin(self._precision, run.precision)
-        launcher = strategy.launcher
-        returns_state = launcher is not None and not launcher.rank_zero_in_caller and strategy.is_global_zero
+        self._precision = strategy.precision_plugin(self._precision, plan.precision)
+        returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
         say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
         try:
             with recorded_warnings(returns_state) as caught, self.compiled_steps.running(run.compile, strategy, say):

@@ -9,20 +9,22 @@ import pytest
 import torch
 
 import easyfit
-from easyfit.training.options import FitOptions, RunOptions
+from easyfit.distributed import run_options
+from easyfit.training.options import FitOptions
 
 #: a call's own arguments, besides the options dataclasses it builds
 OWN = {"fit": {"x", "y"}, "evaluate": {"x", "y", "batch_size", "verbose", "callbacks", "return_dict"},
        "predict": {"x", "batch_size", "verbose", "callbacks"},
        "train_on_batch": {"x", "y", "sample_weight", "class_weight", "return_dict"},
        "test_on_batch": {"x", "y", "return_dict"}, "predict_on_batch": {"x"}}
-OPTIONS = {"fit": (RunOptions, FitOptions)}
+OPTIONS = {"fit": (FitOptions,)}
 #: the *_on_batch calls run on one device unless told otherwise
 ON_BATCH_DEFAULTS = {"devices": 1}
 
 
 def defaults(*option_types) -> dict:
-    return {f.name: None if f.default is MISSING else f.default for t in option_types for f in fields(t)}
+    declared = {option.name: option.default for option in run_options.OPTIONS}
+    return {**declared, **{f.name: None if f.default is MISSING else f.default for t in option_types for f in fields(t)}}
 
 
 def parameters(call: str) -> dict:
@@ -33,7 +35,7 @@ def parameters(call: str) -> dict:
 
 @pytest.mark.parametrize("call", list(OWN))
 def test_the_signature_lists_every_option_with_its_default(call):
-    expected = defaults(*OPTIONS.get(call, (RunOptions,)))
+    expected = defaults(*OPTIONS.get(call, ()))
     if call.endswith("_on_batch"):
         expected.update(ON_BATCH_DEFAULTS)
     assert parameters(call) == expected
@@ -58,3 +60,50 @@ def test_a_misspelt_option_is_refused_with_the_closest_name():
         model.evaluate(x, y, device=1)
     with pytest.raises(TypeError, match=r"unexpected argument\(s\) batchsize\. Did you mean 'batch_size'"):
         model.predict(x, batchsize=2)
+
+
+#: a run option added in its one declaration, then looked for in every public call, `help()` and the plan
+FAKE_OPTION = """
+import importlib, inspect
+import torch
+from easyfit.distributed import launch, run_options
+from easyfit.training import on_batch
+run_options.OPTIONS.append(run_options.RunOption("fake_option", 7, "a made-up option", placement=True))
+for module in (on_batch, launch):   # the calls are made again, as in a fresh interpreter
+    importlib.reload(module)
+from easyfit import model as model_module
+importlib.reload(model_module)
+from easyfit.training.plan import plan_call
+calls = [getattr(model_module.Model, name) for name in ("fit", "evaluate", "predict", "train_on_batch",
+                                                         "test_on_batch", "predict_on_batch")] + [launch.launch]
+for call in calls:
+    assert inspect.signature(call).parameters["fake_option"].default == 7, call
+    assert "fake_option: a made-up option (default 7)" in inspect.getdoc(call), call
+model = model_module.Model(torch.nn.Linear(2, 2))
+plan = plan_call(model, "evaluate", run_options.RunOptions(fake_option=8))
+assert plan.run.fake_option == 8 and plan.strategy.name == "single"
+captured = {}
+model._dispatch = lambda method, run, **inputs: captured.setdefault("run", run)
+model.predict(torch.zeros(1, 2), fake_option=9)
+assert captured["run"].fake_option == 9
+print("found everywhere")
+"""
+
+
+def test_a_run_option_declared_once_reaches_every_call_its_help_and_the_plan():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FAKE_OPTION], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "found everywhere" in done.stdout
+
+
+def test_the_run_options_are_checked_before_any_work():
+    model = easyfit.Model(torch.nn.Linear(2, 2))
+    x, y = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="num_nodes must be a positive integer"):
+        model.fit(x, y, num_nodes=0)
+    with pytest.raises(TypeError, match="replace_sampler must be True or False"):
+        model.evaluate(x, y, replace_sampler="yes")
+    with pytest.raises(ValueError, match="unknown precision 'bf17'"):
+        model.predict(x, precision="bf17")

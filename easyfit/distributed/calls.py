@@ -10,6 +10,7 @@ import torch
 
 from easyfit.distributed.devices import is_interactive, parse_devices, resolve_accelerator
 from easyfit.distributed.environments import ClusterEnvironment, detect_environment
+from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 
 
@@ -29,12 +30,13 @@ class Call:
         return self.environment.creates_processes_externally
 
 
-def read_call(devices="auto", accelerator="auto", num_nodes: int = 1, process_group_backend: str | None = None,
-              auto_select_gpus: bool = False) -> Call:
-    """Parse the accelerator and devices of a call, and detect who started this process."""
-    auto_select = auto_select_gpus or (isinstance(devices, str) and devices.strip().lower() == "auto_select")
-    resolved, parsed = parse_devices(devices, resolve_accelerator(accelerator), auto_select=auto_select)
-    return Call(resolved, parsed, num_nodes, detect_environment(), process_group_backend, is_interactive(),
+def read_call(run: RunOptions | None = None) -> Call:
+    """Parse the accelerator and devices of a call's run options, and detect who started this process."""
+    run = run or RunOptions()
+    devices = run.devices
+    auto_select = run.auto_select_gpus or (isinstance(devices, str) and devices.strip().lower() == "auto_select")
+    resolved, parsed = parse_devices(devices, resolve_accelerator(run.accelerator), auto_select=auto_select)
+    return Call(resolved, parsed, run.num_nodes, detect_environment(), run.process_group_backend, is_interactive(),
                 auto_select)
 
 

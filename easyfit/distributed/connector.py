@@ -19,9 +19,10 @@ from __future__ import annotations
 from easyfit.distributed import memory
 from easyfit.distributed.calls import Call, configure_for_call, read_call
 from easyfit.distributed.memory import TrainingMemory
+from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies import registry
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.utils.checks import check_positive_int, closest_name
+from easyfit.utils.checks import closest_name
 
 
 def auto_strategy_name(call: Call, training_memory: TrainingMemory | None = None) -> tuple[str, str | None]:
@@ -78,21 +79,21 @@ def _xla_accelerator(name: str | None, strategy, accelerator: str) -> str:
     return accelerator
 
 
-def connect(strategy="auto", devices="auto", accelerator="auto", num_nodes: int = 1,
-            process_group_backend: str | None = None, training_memory: TrainingMemory | None = None,
-            auto_select_gpus: bool = False) -> Strategy:
-    """The Strategy for this call, configured for this process. The steps:
+def connect(strategy="auto", training_memory: TrainingMemory | None = None, **placement) -> Strategy:
+    """The Strategy for a call with these placement options (easyfit.distributed.run_options), configured for this
+    process. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
     2. resolve "auto" (rule 4) and build the strategy from its row in the registry (or take the user's object);
     3. under a launcher, devices="auto" becomes one device per launched process, if the strategy takes them;
     4. conflicts: the strategy's own first (their fix is the one that matters), then the launcher's world;
     5. fill in what the strategy left unset."""
-    check_positive_int(num_nodes, "num_nodes")
+    run = RunOptions(strategy=strategy, **placement)
+    devices, num_nodes = run.devices, run.num_nodes
     name = None if isinstance(strategy, Strategy) else strategy_name(strategy)
     if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
-    accelerator = _xla_accelerator(name, strategy, accelerator)
-    call = read_call(devices, accelerator, num_nodes, process_group_backend, auto_select_gpus)
+    accelerator = _xla_accelerator(name, strategy, run.accelerator)
+    call = read_call(run.replace(devices=devices, num_nodes=num_nodes, accelerator=accelerator))
     reason = None
     if name == "auto":
         name, reason = auto_strategy_name(call, training_memory)

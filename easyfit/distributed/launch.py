@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import record_launch_identity
+from easyfit.distributed.run_options import RunOptions, takes_run_options
 from easyfit.saving.fault_tolerance import set_default_max_restarts
 
 
-def launch(devices="auto", accelerator: str = "auto", strategy="ddp", num_nodes: int = 1,
-           process_group_backend: str | None = None, max_restarts: int = 0):
+@takes_run_options(placement_only=True, strategy="ddp")
+def launch(*, max_restarts: int = 0, run: RunOptions):
     """Start the other ranks now, at the top of a script, instead of at the first fit / evaluate / predict call.
 
     The other ranks then import and load their data while this one does (the time to the first step comes close to
@@ -22,8 +23,7 @@ def launch(devices="auto", accelerator: str = "auto", strategy="ddp", num_nodes:
     """
     if not (type(max_restarts) is int and max_restarts >= 0):
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
-    chosen = connect(strategy=strategy, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
-                     process_group_backend=process_group_backend)
+    chosen = connect(**run.placement())
     if chosen.starts_processes:
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "
                          "processes at each call. Use strategy='ddp' (the script is re-run for each rank), or "

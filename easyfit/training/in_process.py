@@ -13,6 +13,7 @@ from easyfit.data.batches import batch_count, batch_source, make_batches, split_
 from easyfit.data.model_targets import targets_in_forward
 from easyfit.data.steps import limit_steps
 from easyfit.data.weights import validation_weight, weigh_batches
+from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
 from easyfit.parts.outputs import ModelLoss
@@ -20,7 +21,7 @@ from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
-from easyfit.training.options import FitOptions, RunOptions
+from easyfit.training.options import FitOptions
 
 
 def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History:
@@ -90,9 +91,10 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         if options.verbose and strategy.is_global_zero:
             print(params["summary"])
         model.stop_training = False
-        prepare_fit_data(model, objects.net, train, val)   # after a resume: a bad checkpoint runs no forward
+        # after a resume: a bad checkpoint runs no forward
+        first_steps = prepare_fit_data(model, objects.net, train, val)
         try:
-            Loop(model, strategy, callbacks, objects, settings, warmup).fit(
+            Loop(model, strategy, callbacks, objects, settings, warmup, first_steps).fit(
                 train, val, options.epochs, initial_epoch, options.validation_freq)
         finally:
             model._lr_multiplier = 1.0
@@ -160,7 +162,8 @@ def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = Fa
 def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
     batches = call_batches(model, run, x, y, batch_size)
     loop = eval_loop(model, verbose, callbacks)
-    prepare(model, model.strategy.module_for_eval(model.net), batches, "the evaluation data")
+    loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches,
+                                        "the evaluation data")
     return loop.evaluate(batches)
 
 
@@ -168,10 +171,11 @@ def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: i
     strategy = model.strategy
     batches = call_batches(model, run, x, y, batch_size, targets=False)
     loop = eval_loop(model, verbose, callbacks)
-    prepare(model, model.strategy.module_for_eval(model.net), batches, "the data", targets=False)
+    loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches, "the data",
+                                        targets=False)
     outputs = loop.predict(batches)
     tensors = all(isinstance(output, torch.Tensor) for output in outputs)
-    if strategy.world_size == 1 or not getattr(batches, "sharded", False):
+    if strategy.world_size == 1 or not batches.sharded:
         return torch.cat(outputs) if outputs and tensors else outputs
     if not tensors:
         raise TypeError("predict on several processes gathers the outputs as one tensor, but the net returned "

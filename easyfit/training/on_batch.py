@@ -3,18 +3,16 @@ on exactly one batch (a mixin of easyfit.Model)."""
 from __future__ import annotations
 
 from easyfit.data.results import scores_result
-from easyfit.training.options import RunOptions, as_keywords, call_options, run_options_documented
+from easyfit.distributed.run_options import RunOptions, takes_run_options
 from easyfit.utils.tensors import sample_count
 
 
 class OnBatchCalls:
     """The *_on_batch calls of a Model."""
 
-    @run_options_documented
+    @takes_run_options(devices=1)
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *,
-                       devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                       auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                       collate_fn=None, **unknown):
+                       run: RunOptions):
         """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
         `history` and `completed_epochs` are left as they were.
 
@@ -24,39 +22,31 @@ class OnBatchCalls:
             class_weight: {class index: weight} (default None).
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        (run,) = call_options(locals(), RunOptions)
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
         try:
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
                               fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
-                              **as_keywords(run))
+                              **run.keywords())
         finally:
             self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
         logs = {key: values[-1] for key, values in result.history.items()}
         return scores_result(logs, self.metrics.names, return_dict)
 
-    @run_options_documented
-    def test_on_batch(self, x, y=None, return_dict=False, *,
-                      devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None, compile=False,
-                      auto_select_gpus=False, process_group_backend=None, num_workers=0, replace_sampler=True,
-                      collate_fn=None, **unknown):
+    @takes_run_options(devices=1)
+    def test_on_batch(self, x, y=None, return_dict=False, *, run: RunOptions):
         """`evaluate` on exactly this batch.
 
         Args:
             x, y: one batch, as arrays or tensors.
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        (run,) = call_options(locals(), RunOptions)
-        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **as_keywords(run))
+        return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **run.keywords())
 
-    @run_options_documented
-    def predict_on_batch(self, x, *, devices=1, accelerator="auto", strategy="auto", num_nodes=1, precision=None,
-                         compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
-                         replace_sampler=True, collate_fn=None, **unknown):
+    @takes_run_options(devices=1)
+    def predict_on_batch(self, x, *, run: RunOptions):
         """`predict` on exactly this batch.
 
         Args:
             x: one batch of inputs, as arrays or tensors.
         """
-        (run,) = call_options(locals(), RunOptions)
-        return self.predict(x, batch_size=sample_count(x), verbose=0, **as_keywords(run))
+        return self.predict(x, batch_size=sample_count(x), verbose=0, **run.keywords())

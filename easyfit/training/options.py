@@ -1,4 +1,4 @@
-"""The options of fit / evaluate / predict: which keyword goes where, and fit's checks before any work."""
+"""fit's own options (besides the run options, easyfit.distributed.run_options) and their checks before any work."""
 from __future__ import annotations
 
 import os
@@ -6,31 +6,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from easyfit.callbacks.base import callback_list
+from easyfit.distributed.run_options import refuse_unknown
 from easyfit.parts.lr_scaling import lr_multiplier
 from easyfit.utils.checks import (
     check_non_negative_int,
     check_positive_int,
     check_positive_number,
     check_verbose,
-    closest_name,
     validation_tuple,
 )
-
-
-@dataclass
-class RunOptions:
-    """Where and how a fit / evaluate / predict call runs (accepted by all three)."""
-    devices: Any = "auto"
-    accelerator: str = "auto"
-    auto_select_gpus: bool = False
-    strategy: Any = "auto"
-    num_nodes: int = 1
-    process_group_backend: str | None = None
-    precision: Any = None   # None: as in the previous call ("32" at first)
-    num_workers: int = 0
-    replace_sampler: bool = True
-    compile: Any = False   # True, a torch.compile mode or a dict of its options: see easyfit.training.compiling
-    collate_fn: Any = None   # collates the samples of data easyfit batches itself (a padding collator)
 
 
 @dataclass
@@ -62,54 +46,16 @@ class FitOptions:
     steps_per_execution: Any = "auto"   # int or "auto": training steps per compiled call (easyfit.training.multi_step)
 
 
-RUN_OPTIONS_DOC = """
-        Run options (every call takes them; where it runs and how):
-            devices: a count (on a CPU: processes), -1 for all, a list of ids, "auto" (default) or "auto_select".
-            accelerator: "auto" (default: CUDA, then MPS, then the CPU), "cpu", "gpu" / "cuda", "mps" or "tpu".
-            strategy: "auto" (default), a name ("ddp", "fsdp", "deepspeed", "pipeline", ...) or a Strategy object.
-            num_nodes: machines taking part; `devices` is per machine (default 1).
-            precision: "32", "64", "bf16-mixed" or "16-mixed"; None (default): as the previous call ("32" at first).
-            compile: True, a torch.compile mode or a dict of its options: compile the step (default False).
-            auto_select_gpus: take the first `devices` GPUs that accept work, not the first ones (default False).
-            process_group_backend: "nccl", "gloo", ...; None (default): nccl on CUDA, gloo otherwise.
-            num_workers: DataLoader workers for in-memory data and datasets (default 0).
-            replace_sampler: give a DataLoader's own sampler each process's share (default True).
-            collate_fn: makes a batch of samples of a dataset easyfit batches itself, e.g. transformers'
-                DataCollatorWithPadding(tokenizer); None (default): stacked, numbers and lists as tensors.
-"""
-
-
-def run_options_documented(method):
-    """Add the run options to a call's docstring, so that help() lists every argument."""
-    method.__doc__ = (method.__doc__ or "").rstrip() + "\n" + RUN_OPTIONS_DOC
-    return method
-
-
-def call_options(arguments: dict, *option_types) -> list:
-    """The options dataclasses of a call, from its arguments (its `locals()`, whose `unknown` holds the keywords its
-    signature does not name: refused by name, with the closest valid one)."""
-    unknown = sorted(arguments.get("unknown", {}))
-    if unknown:
-        known = [name for name in arguments if name not in ("self", "unknown")]
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
-                        f"Valid ones: {', '.join(sorted(known))}.")
-    return [option_type(**{f.name: arguments[f.name] for f in fields(option_type)}) for option_type in option_types]
+def fit_options(arguments: dict) -> FitOptions:
+    """fit's options, from its arguments (its `locals()`)."""
+    return FitOptions(**{f.name: arguments[f.name] for f in fields(FitOptions)})
 
 
 def split_options(kwargs: dict, *option_types) -> list:
     """Build each options dataclass from the keyword arguments it knows; reject the rest by name."""
-    known = {f.name for option_type in option_types for f in fields(option_type)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}.{closest_name(unknown[0], known)} "
-                        f"Valid ones: {', '.join(sorted(known))}.")
+    refuse_unknown(kwargs, [f.name for option_type in option_types for f in fields(option_type)])
     return [option_type(**{f.name: kwargs[f.name] for f in fields(option_type) if f.name in kwargs})
             for option_type in option_types]
-
-
-def as_keywords(options) -> dict:
-    """An options dataclass as keyword arguments (its values themselves, not copies)."""
-    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 def check_fit_options(options: FitOptions) -> None:

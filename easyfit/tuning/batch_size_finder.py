@@ -17,8 +17,9 @@ from typing import Any, Callable
 import torch
 
 from easyfit.data.batches import check_not_empty
+from easyfit.distributed.run_options import RunOptions, option_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
-from easyfit.training.options import FitOptions, RunOptions, split_options
+from easyfit.training.options import FitOptions, split_options
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int
@@ -160,7 +161,7 @@ def _default_budget(strategy) -> int:
 def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | None = None,
                     max_memory: int | None = None, steps: int = 2, **kwargs) -> int:
     """See Model.find_batch_size."""
-    run_kwargs = {key: value for key, value in kwargs.items() if key in RunOptions.__dataclass_fields__}
+    run_kwargs = {key: value for key, value in kwargs.items() if key in option_names()}
     options = {key: value for key, value in kwargs.items() if key not in run_kwargs}
     limit = check_search(x, start, max_batch_size, max_memory, steps, options, run_kwargs.get("accelerator"))
     split_options(options, FitOptions)   # a misspelt option is refused by name before any trial
@@ -170,6 +171,6 @@ def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | N
         raise ValueError("on the CPU, running out of memory ends the process instead of raising, and the memory free "
                          "cannot be read here (Linux's /proc) to choose a budget: give find_batch_size max_memory "
                          "(bytes of peak memory per process) or max_batch_size")
-    (run,) = split_options(run_kwargs, RunOptions)
+    run = RunOptions(**run_kwargs)
     return model._dispatch("find_batch_size", run, x=x, y=y, start=start, limit=limit,
                            max_memory=max_memory, steps=steps, options=options)
