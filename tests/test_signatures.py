@@ -24,7 +24,8 @@ ON_BATCH_DEFAULTS = {"devices": 1}
 
 def defaults(*option_types) -> dict:
     declared = {option.name: option.default for option in run_options.OPTIONS}
-    return {**declared, **{f.name: None if f.default is MISSING else f.default for t in option_types for f in fields(t)}}
+    own = {f.name: None if f.default is MISSING else f.default for t in option_types for f in fields(t)}
+    return {**declared, **own}
 
 
 def parameters(call: str) -> dict:
