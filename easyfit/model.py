@@ -26,14 +26,12 @@ from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer
 from easyfit.parts.precision import Precision
 from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
-from easyfit.saving.fault_tolerance import max_restarts_for
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.compiling import CompiledSteps
 from easyfit.training.in_process import CALLS as IN_PROCESS_CALLS, fit_callbacks
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
-from easyfit.training.options import check_fit_options, fit_options
-from easyfit.training.plan import Plan, plan_call
+from easyfit.training.plan import Plan, fit_options, plan_call
 from easyfit.tuning.batch_size_finder import search_in_process
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
 
@@ -121,7 +119,7 @@ class Model(OnBatchCalls):
             steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
             seed=0, resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
             lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
-            steps_per_execution="auto", run: RunOptions) -> History:
+            steps_per_execution="auto", **run_options) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
@@ -153,17 +151,15 @@ class Model(OnBatchCalls):
             fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
             steps_per_execution: with compile=, training steps per compiled call; "auto" (default) picks (api.md).
         """
+        run = RunOptions.given(run_options, self.fit)
         options = fit_options(locals())
-        check_fit_options(options)
-        options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
         history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         fit_returned(options.callbacks)   # outside every launcher: e.g. OptunaPruning raises TrialPruned here
         return history
 
     @takes_run_options()
-    def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, *,
-                 run: RunOptions):
+    def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, **run_options):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
         no metrics, else [loss, metric, ...] in the order given to the Model.
 
@@ -174,6 +170,7 @@ class Model(OnBatchCalls):
             callbacks: Callback objects whose test hooks run (default none).
             return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
         """
+        run = RunOptions.given(run_options, self.evaluate)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         logs = self._dispatch("evaluate", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
@@ -181,7 +178,7 @@ class Model(OnBatchCalls):
         return scores_result(logs, self.metrics.names, return_dict)
 
     @takes_run_options()
-    def predict(self, x, batch_size=32, verbose=0, callbacks=None, *, run: RunOptions):
+    def predict(self, x, batch_size=32, verbose=0, callbacks=None, **run_options):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
         otherwise; float32 under mixed precision.
 
@@ -191,6 +188,7 @@ class Model(OnBatchCalls):
             verbose: 0 (default) silent, 1 a progress bar.
             callbacks: Callback objects whose predict hooks run (default none).
         """
+        run = RunOptions.given(run_options, self.predict)
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         outputs = self._dispatch("predict", run, x=x, y=None, batch_size=batch_size, verbose=verbose,

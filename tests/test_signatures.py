@@ -10,7 +10,7 @@ import torch
 
 import easyfit
 from easyfit.distributed import run_options
-from easyfit.training.options import FitOptions
+from easyfit.training.plan import FitOptions
 
 #: a call's own arguments, besides the options dataclasses it builds
 OWN = {"fit": {"x", "y"}, "evaluate": {"x", "y", "batch_size", "verbose", "callbacks", "return_dict"},

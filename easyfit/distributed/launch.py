@@ -8,7 +8,7 @@ from easyfit.saving.fault_tolerance import set_default_max_restarts
 
 
 @takes_run_options(placement_only=True, strategy="ddp")
-def launch(*, max_restarts: int = 0, run: RunOptions):
+def launch(*, max_restarts: int = 0, **run_options):
     """Start the other ranks now, at the top of a script, instead of at the first fit / evaluate / predict call.
 
     The other ranks then import and load their data while this one does (the time to the first step comes close to
@@ -23,6 +23,7 @@ def launch(*, max_restarts: int = 0, run: RunOptions):
     """
     if not (type(max_restarts) is int and max_restarts >= 0):
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    run = RunOptions.given(run_options, launch)
     chosen = connect(**run.placement())
     if chosen.starts_processes:
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "

@@ -1,11 +1,10 @@
 """The run options (where and how a call runs), each declared once: its name, default, check and doc.
 
 `takes_run_options` gives a public call (fit, evaluate, predict, the *_on_batch calls, `easyfit.launch`) every
-option as a keyword-only argument, in its signature and docstring, and hands the body one checked `RunOptions`.
+option as a keyword-only argument, in its signature and docstring; its body reads one checked `RunOptions`.
 Adding an option is one row of `OPTIONS`: every call, `help()` and the call's plan then have it."""
 from __future__ import annotations
 
-import functools
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -102,6 +101,14 @@ class RunOptions:
         """Every option as keyword arguments of a public call."""
         return dict(self._values)
 
+    @classmethod
+    def given(cls, keywords: dict, call: Callable) -> RunOptions:
+        """The run options of a call (`takes_run_options`) from the keywords its own arguments left: any other is
+        refused by name, with the closest one the call takes."""
+        known = [name for name in inspect.signature(call).parameters if name != "self"]
+        refuse_unknown(keywords, known)
+        return cls(**{**call.run_option_defaults, **keywords})
+
     def placement(self) -> dict:
         """The placement options (where the ranks run), as keywords of the connector's `connect`."""
         return {name: self._values[name] for name in option_names(placement_only=True)}
@@ -131,26 +138,19 @@ def refuse_unknown(given, known) -> None:
 
 
 def takes_run_options(placement_only: bool = False, **defaults) -> Callable:
-    """Give a call every run option (only the placement ones with `placement_only`) as a keyword-only argument with
-    its default (`defaults` overrides some for this call), in its signature and docstring; the call's body takes
-    them as one `run: RunOptions` keyword."""
+    """Declare that a call takes every run option (only the placement ones with `placement_only`) through its
+    `**run_options`: its signature and docstring (what `help()` shows) list each with its default (`defaults`
+    overrides some for this call); its body reads them with `RunOptions.given(run_options, call)`."""
     def decorate(function: Callable) -> Callable:
         own = inspect.signature(function)
-        own_parameters = [p for p in own.parameters.values() if p.name != "run"]
+        own_parameters = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         names = option_names(placement_only)
-        known = [p.name for p in own_parameters if p.name != "self"] + names
-
-        @functools.wraps(function)
-        def call(*args, **kwargs):
-            refuse_unknown(kwargs, known)
-            run = RunOptions(**{name: kwargs.pop(name, defaults.get(name, _default(name))) for name in names})
-            return function(*args, run=run, **kwargs)
-
-        options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, _default(name)))
-                   for name in names]
-        call.__signature__ = own.replace(parameters=own_parameters + options)
-        call.__doc__ = (function.__doc__ or "").rstrip() + "\n" + documented(defaults, placement_only)
-        return call
+        function.run_option_defaults = {name: defaults.get(name, _default(name)) for name in names}
+        options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                   for name, default in function.run_option_defaults.items()]
+        function.__signature__ = own.replace(parameters=own_parameters + options)
+        function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + documented(defaults, placement_only)
+        return function
     return decorate
 
 

@@ -21,7 +21,7 @@ from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
-from easyfit.training.options import FitOptions
+from easyfit.training.plan import FitOptions
 
 
 def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History:

@@ -11,8 +11,7 @@ class OnBatchCalls:
     """The *_on_batch calls of a Model."""
 
     @takes_run_options(devices=1)
-    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *,
-                       run: RunOptions):
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, **run_options):
         """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
         `history` and `completed_epochs` are left as they were.
 
@@ -22,6 +21,7 @@ class OnBatchCalls:
             class_weight: {class index: weight} (default None).
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
+        run = RunOptions.given(run_options, self.train_on_batch)
         history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
         try:
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
@@ -33,20 +33,22 @@ class OnBatchCalls:
         return scores_result(logs, self.metrics.names, return_dict)
 
     @takes_run_options(devices=1)
-    def test_on_batch(self, x, y=None, return_dict=False, *, run: RunOptions):
+    def test_on_batch(self, x, y=None, return_dict=False, **run_options):
         """`evaluate` on exactly this batch.
 
         Args:
             x, y: one batch, as arrays or tensors.
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
+        run = RunOptions.given(run_options, self.test_on_batch)
         return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **run.keywords())
 
     @takes_run_options(devices=1)
-    def predict_on_batch(self, x, *, run: RunOptions):
+    def predict_on_batch(self, x, **run_options):
         """`predict` on exactly this batch.
 
         Args:
             x: one batch of inputs, as arrays or tensors.
         """
+        run = RunOptions.given(run_options, self.predict_on_batch)
         return self.predict(x, batch_size=sample_count(x), verbose=0, **run.keywords())

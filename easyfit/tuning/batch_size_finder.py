@@ -19,7 +19,7 @@ import torch
 from easyfit.data.batches import check_not_empty
 from easyfit.distributed.run_options import RunOptions, option_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
-from easyfit.training.options import FitOptions, split_options
+from easyfit.training.plan import FitOptions, split_options
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int

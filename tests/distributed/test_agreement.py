@@ -16,7 +16,7 @@ import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.in_process import warmup_for
-from easyfit.training.options import FitOptions
+from easyfit.training.plan import FitOptions
 
 
 def run_pattern(out: Path, scenario: str, timeout: float = 240, cwd: Path | None = None,
