@@ -17,7 +17,7 @@ import torch
 
 from easyfit.distributed.from_rank_zero import callback_attributes, restore_callback_attributes
 from easyfit.distributed.strategy_parts.construction import built_sharded
-from easyfit.utils.tensors import on_cpu
+from easyfit.saving.model_state import Snapshot
 
 
 class AttemptStart:
@@ -28,20 +28,15 @@ class AttemptStart:
 
     def __init__(self, model, callbacks: list):
         self.model, self.callbacks = model, list(callbacks)
-        state = model.checkpoint_state() if built_sharded(model.net) is None else None
-        self.state = copy.deepcopy(on_cpu(state))
+        self.snapshot = Snapshot(model, training_state=built_sharded(model.net) is None)
         self.rng = torch.get_rng_state()
         self.metrics = copy.deepcopy(model.metrics)
         self.attributes = pickle.dumps(callback_attributes(self.callbacks))
-        self.objects = (model.history, model._callbacks, model._precision)
 
     def put_back(self) -> None:
         """The caller's objects as they were before the first attempt (a fresh copy each time)."""
-        model = self.model
-        model.history, model._callbacks, model._precision = self.objects
-        if self.state is not None:   # weights, optimizer, scheduler, History, epoch, ...
-            model.restore(copy.deepcopy(self.state), training=True)
+        self.snapshot.put_back(again=True)   # weights, optimizer, scheduler, History, epoch, ...
         torch.set_rng_state(self.rng)
-        model.metrics = copy.deepcopy(self.metrics)
-        model.stop_training = False
+        self.model.metrics = copy.deepcopy(self.metrics)
+        self.model.stop_training = False
         restore_callback_attributes(self.callbacks, pickle.loads(self.attributes))

@@ -1,7 +1,9 @@
-"""A Model's whole training state as one checkpoint dict, loading it back (to resume exactly), and the Model
-arguments a saved checkpoint names."""
+"""A Model's whole training state as one checkpoint dict, loading it back (to resume exactly), keeping it to put
+back after a call (`Snapshot`), and the Model arguments a saved checkpoint names."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 
 import torch
@@ -9,6 +11,10 @@ import torch
 from easyfit.parts.lr_scaling import rescale_learning_rates
 from easyfit.parts.optimizers import grouped_parameters, optimizer_factory
 from easyfit.saving.resume import EpochPosition
+from easyfit.utils.tensors import on_cpu
+
+#: the objects a fit gives the Model anew (its History, the callbacks' list, the precision plugin)
+CALL_OBJECTS = ("history", "_callbacks", "_precision")
 
 
 def checkpoint_state(model) -> dict:
@@ -60,6 +66,35 @@ def restore(model, state: dict, training: bool = False) -> None:
             for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(device_state.cpu(), index)
         model.strategy.load_device_rng_state(state)
+
+
+class Snapshot:
+    """A Model's objects `names` as they are, and with `training_state` a copy (on the CPU) of its whole training
+    state (weights, optimizer, scheduler, scaler, History, epoch, callbacks, random generators): the one way a call
+    keeps a Model's state to put it back (trial fits, restart attempts, the single-batch calls, a fit's own swaps)."""
+
+    def __init__(self, model, names: tuple = CALL_OBJECTS, training_state: bool = False):
+        self.model, self.objects = model, {name: getattr(model, name) for name in names}
+        self.state = copy.deepcopy(on_cpu(checkpoint_state(model))) if training_state else None
+
+    def put_back(self, again: bool = False) -> None:
+        """The kept objects, then the training state, back in the Model (`again`: from a copy, to put back later
+        once more)."""
+        for name, value in self.objects.items():
+            setattr(self.model, name, value)
+        if self.state is not None:
+            restore(self.model, copy.deepcopy(self.state) if again else self.state, training=True)
+            self.model.stop_training = False
+
+
+@contextlib.contextmanager
+def kept(model, names: tuple = CALL_OBJECTS, training_state: bool = False):
+    """Inside the block the Model may change; after it (even when it raised) its kept state is back (`Snapshot`)."""
+    snapshot = Snapshot(model, names, training_state)
+    try:
+        yield snapshot
+    finally:
+        snapshot.put_back()
 
 
 def saved_arguments(state: dict, path, net, loss, optimizer, metrics, keywords: dict) -> tuple[tuple, dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from easyfit.data.results import scores_result
 from easyfit.distributed.run_options import RunOptions, takes_run_options
+from easyfit.saving.model_state import kept
 from easyfit.utils.tensors import sample_count
 
 
@@ -22,13 +23,10 @@ class OnBatchCalls:
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
         run = RunOptions.given(run_options, self.train_on_batch)
-        history, epochs, callbacks = self.history, self.completed_epochs, self._callbacks
-        try:
+        with kept(self, ("history", "completed_epochs", "_callbacks")):   # a step, not an epoch of the history
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
                               fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
                               **run.keywords())
-        finally:
-            self.history, self.completed_epochs, self._callbacks = history, epochs, callbacks
         logs = {key: values[-1] for key, values in result.history.items()}
         return scores_result(logs, self.metrics.names, return_dict)
 

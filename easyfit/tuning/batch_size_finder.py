@@ -19,6 +19,7 @@ import torch
 from easyfit.data.batches import check_not_empty
 from easyfit.distributed.run_options import RunOptions, option_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
+from easyfit.saving.model_state import kept
 from easyfit.training.plan import FitOptions, split_options
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
@@ -141,10 +142,8 @@ def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_
             torch.cuda.empty_cache()
         return fits
 
-    try:
+    with kept(model, ("strategy",)):   # the trials run under a one-device strategy of their own
         answer = largest_that_trains(trains, start, limit)
-    finally:
-        model.strategy = strategy   # the trials ran under a one-device strategy of their own
     return int(strategy.reduce(torch.tensor([answer], device=device), "min").item())
 
 
