@@ -93,7 +93,6 @@ LAYERS = [
     "easyfit.parts",
     "easyfit.data",
     "easyfit.callbacks",
-    "easyfit.distributed.environments",
     "easyfit.saving",
     "easyfit.distributed",
     "easyfit.training",

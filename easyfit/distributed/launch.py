@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import record_launch_identity
+from easyfit.distributed.fault_tolerance import set_default_max_restarts
 from easyfit.distributed.run_options import RunOptions, takes_run_options
-from easyfit.saving.fault_tolerance import set_default_max_restarts
 
 
 @takes_run_options(placement_only=True, strategy="ddp")

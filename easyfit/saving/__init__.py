@@ -1,4 +1,4 @@
-"""Checkpoints, resume and restarts.
+"""Checkpoints and resume.
 
 - `checkpoint`: atomic checkpoint files that hold data only, read as data (`trusted=True`: a file the caller trusts).
 - `backend_folders`: FSDP's and DeepSpeed's own checkpoint folders, checked as data before the backend reads them.
@@ -7,5 +7,4 @@
 - `resume`: where a mid-epoch checkpoint stopped, and the batches left.
 - `convert`: a sharded checkpoint folder, or an older file, to one data-only file (public path:
   easyfit.checkpoint_convert).
-- `fault_tolerance`, `slurm_requeue`: a fit's own checkpoints under restarting launchers and SLURM.
 """

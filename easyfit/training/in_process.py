@@ -13,11 +13,11 @@ from easyfit.data.batches import batch_count, batch_source, make_batches, split_
 from easyfit.data.model_targets import targets_in_forward
 from easyfit.data.steps import limit_steps
 from easyfit.data.weights import validation_weight, weigh_batches
+from easyfit.distributed import fault_tolerance
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
 from easyfit.parts.outputs import ModelLoss
-from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings

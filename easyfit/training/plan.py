@@ -9,6 +9,7 @@ from typing import Any
 
 from easyfit.callbacks.base import callback_list
 from easyfit.distributed.connector import connect
+from easyfit.distributed.fault_tolerance import max_restarts_for
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.run_options import RunOptions, refuse_unknown
@@ -17,7 +18,6 @@ from easyfit.distributed.strategy_parts.construction import check_built_sharded
 from easyfit.parts.lr_scaling import lr_multiplier
 from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import parse_precision
-from easyfit.saving.fault_tolerance import max_restarts_for
 from easyfit.training.compiling import check_compile
 from easyfit.utils.checks import (
     check_non_negative_int,

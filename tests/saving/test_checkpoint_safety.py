@@ -18,8 +18,8 @@ from torch import nn
 
 import easyfit
 from easyfit.callbacks import BackupAndRestore, Callback, EarlyStopping, ModelCheckpoint
+from easyfit.distributed import fault_tolerance
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
-from easyfit.saving import fault_tolerance
 from easyfit.saving.backend_folders import check_dcp_folder
 from easyfit.saving.checkpoint import (
     FORMAT_KEY,

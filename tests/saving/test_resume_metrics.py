@@ -11,12 +11,12 @@ import torchmetrics
 
 import easyfit
 from easyfit.callbacks import BackupAndRestore, Callback, ModelCheckpoint
+from easyfit.distributed import fault_tolerance
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.restarts import RestartingLauncher
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts import metric_state
 from easyfit.parts.metrics import MetricSet
-from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 
 METRICS = ["accuracy", "f1", "auroc"]   # states reduced by sum (accuracy, f1) and by cat (auroc)

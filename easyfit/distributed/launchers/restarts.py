@@ -1,7 +1,7 @@
 """`max_restarts`: easyfit's own launcher starts the ranks of a failed call again, as torchrun's agent does.
 
 Each attempt gets the run id and its restart count (the ranks' fault-tolerance checkpoint restores from them, see
-easyfit.saving.fault_tolerance), a fresh port for its process group, and new processes for every rank the launcher
+easyfit.distributed.fault_tolerance), a fresh port for its process group, and new processes for every rank the launcher
 starts; where rank 0 is the caller's process, the caller's objects as they were before the first attempt
 (easyfit.distributed.attempt_start).
 Each failure's cause is printed; after the last allowed restart the caller gets `RestartsExhaustedError`.
@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from easyfit.distributed.attempt_start import AttemptStart
 from easyfit.distributed.environments import GIVEN_PORT, RESTART_COUNT_VARIABLE, find_free_port
+from easyfit.distributed.fault_tolerance import RUN_ID_VARIABLE
 from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import RankFailedError
-from easyfit.saving.fault_tolerance import RUN_ID_VARIABLE
 
 
 class RestartsExhaustedError(RankFailedError):

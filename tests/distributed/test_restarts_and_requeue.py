@@ -14,9 +14,9 @@ import torch
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.distributed import fault_tolerance
 from easyfit.distributed.launchers.restarts import RestartsExhaustedError
 from easyfit.distributed.strategies.base import Strategy
-from easyfit.saving import fault_tolerance
 from easyfit.saving.resume import EpochPosition
 
 

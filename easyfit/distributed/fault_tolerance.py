@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 
 from easyfit.callbacks.base import Callback
+from easyfit.distributed import slurm_requeue
 from easyfit.distributed.environments import RESTART_COUNT_VARIABLE, START_DIRECTORY
 from easyfit.parts.lr_scaling import describe_lrs
-from easyfit.saving import slurm_requeue
 
 RUN_ID_VARIABLE = "EASYFIT_RUN_ID"
 DEFAULT_FOLDER = ".easyfit-fault-tolerance"
