@@ -18,6 +18,7 @@ from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
 from easyfit.data.map_style import check_not_splits, collate_samples, is_map_style, map_style_loader
 from easyfit.data.samplers import sampler_indices
+from easyfit.data.source import BatchSource, WrappedBatches
 from easyfit.utils.checks import check_not_a_path, check_positive_int
 
 
@@ -32,13 +33,15 @@ def batch_count(batches) -> int | None:
 # ----------------------------------------------------------------------------------------
 # Batch sources: each yields batches for one epoch, on the target device.
 # ----------------------------------------------------------------------------------------
-class TensorBatches:
+class TensorBatches(BatchSource):
     """Batches indexed straight out of in-memory tensors; with `inputs_only`, each batch is `((x1, x2, ...),)`:
     all the net's inputs, no target. With `names` (a dict of inputs), the first len(names) tensors are the inputs,
-    and each batch holds them as one dict: `({name: x, ...}, y)`."""
+    and each batch holds them as one dict: `({name: x, ...}, y)`. `sharded`, `weighted`: see `BatchSource`."""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_size: int, sampler: Sampler,
-                 device: torch.device, inputs_only: bool = False, names: tuple[str, ...] | None = None):
+                 device: torch.device, inputs_only: bool = False, names: tuple[str, ...] | None = None,
+                 sharded: bool = False, weighted: bool = False):
+        super().__init__(sharded, weighted)
         self.batch_size, self.sampler, self.device = batch_size, sampler, device
         self.tensors, self.inputs_only, self.names = tensors, inputs_only, names
         self.on_device = all(t.device == device for t in tensors)
@@ -72,12 +75,13 @@ class TensorBatches:
         yield from (batches if self.names is None and not self.inputs_only else map(self.structured, batches))
 
 
-class LoaderBatches:
+class LoaderBatches(BatchSource):
     """Batches from a DataLoader or any re-iterable of batches, moved to the device (numpy arrays in them as
     tensors)."""
 
     def __init__(self, loader: Iterable, device: torch.device, source: str = "the training data",
-                 float_dtype: torch.dtype = torch.float32):
+                 float_dtype: torch.dtype = torch.float32, sharded: bool = False):
+        super().__init__(sharded)
         self.loader, self.device, self.source, self.float_dtype = loader, device, source, float_dtype
         self.epochs_started = 0
         self.target_dtype = None   # set by the first step when the loss takes the labels in another dtype
@@ -223,12 +227,13 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
                  seed: int = 0, num_workers: int = 0, replace_sampler: bool = True,
-                 float_dtype: torch.dtype = torch.float32, collate_fn: Callable | None = None):
+                 float_dtype: torch.dtype = torch.float32, collate_fn: Callable | None = None) -> BatchSource:
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
     float64 numpy data becomes `float_dtype`; `collate_fn` collates the samples of data easyfit batches itself."""
     check_positive_int(batch_size, "batch_size")
     device = strategy.batch_device
     source = "the training data" if train else "the validation data"
+    sharded = not train and strategy.world_size > 1   # evaluation data split by easyfit's sampler: see BatchSource
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
         _refuse_collate_fn(collate_fn, "arrays and tensors")
@@ -236,13 +241,12 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         names = input_names(x)
-        batches = TensorBatches(tensors, batch_size, sampler, device, names=names,
-                                inputs_only=y is None and (several_inputs(x) or names is not None))
-        return _mark_sharded(batches, train, strategy)
+        return TensorBatches(tensors, batch_size, sampler, device, names=names, sharded=sharded,
+                             inputs_only=y is None and (several_inputs(x) or names is not None))
     if isinstance(x, DataLoader):
         _refuse_collate_fn(collate_fn, "a DataLoader")
-        batches = LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source, float_dtype)
-        return _mark_sharded(batches, train or not replace_sampler, strategy)
+        return LoaderBatches(_shard_loader(x, strategy, train, replace_sampler, seed), device, source, float_dtype,
+                             sharded and replace_sampler)
     if isinstance(x, IterableDataset):
         loader = DataLoader(shard_iterable(x, strategy, train), batch_size=batch_size, num_workers=num_workers,
                             collate_fn=collate_fn or collate_samples)
@@ -252,17 +256,11 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         loader = map_style_loader(x, batch_size, sampler, collate_fn, num_workers, device)
-        return _mark_sharded(LoaderBatches(loader, device, source, float_dtype), train, strategy)
+        return LoaderBatches(loader, device, source, float_dtype, sharded)
     _refuse_collate_fn(collate_fn, "an iterable of batches")
     if strategy.world_size > 1:
         _warn_iterable_not_sharded(strategy)
     return LoaderBatches(x, device, source, float_dtype)
-
-
-def _mark_sharded(batches, train: bool, strategy):
-    """Note on evaluation batches whether each rank holds a strided share (so outputs can be interleaved)."""
-    batches.sharded = not train and strategy.world_size > 1
-    return batches
 
 
 def check_not_empty(length: int) -> None:
@@ -327,8 +325,7 @@ def peek_first_batch(batches) -> Any:
     """The first batch of in-memory data, a map-style dataset or a list of batches, on the device; else None
     (a generator or stream is not read ahead). Wrapped batches (step limits, loss="model") give their source's,
     those that add sample weights none."""
-    while hasattr(batches, "batches") and not isinstance(batches, (TensorBatches, LoaderBatches)) and \
-            not getattr(batches, "weighted", False):
+    while isinstance(batches, WrappedBatches) and not batches.weighted:
         batches = batches.batches
     if isinstance(batches, TensorBatches):
         batch = tuple(t[:batches.batch_size] for t in batches.tensors)
@@ -368,6 +365,6 @@ def _generator_kept(sampler):
 
 def batch_source(batches):
     """The batch source under step limits and sample weights (which keep the batches' form)."""
-    while hasattr(batches, "batches") and not isinstance(batches, TensorBatches):
+    while isinstance(batches, WrappedBatches):
         batches = batches.batches
     return batches

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from easyfit.data.contents import TARGET_KEYS, split_batch
+from easyfit.data.source import BatchSource, WrappedBatches
 from easyfit.parts.outputs import ModelLoss
 
 #: the forward's argument a target goes to when the forward does not name the batch's own key
 LABELS = "labels"
 
 
-def targets_in_forward(batches, net: torch.nn.Module, loss_fn):
+def targets_in_forward(batches: BatchSource, net: torch.nn.Module, loss_fn) -> BatchSource:
     """`batches` with their targets passed into the forward when the loss is the net's own; else as they are."""
     return TargetsInForward(batches, ForwardArguments(net)) if isinstance(loss_fn, ModelLoss) else batches
 
@@ -56,22 +57,16 @@ class ForwardArguments:
         return self.positional[:count]
 
 
-class TargetsInForward:
+class TargetsInForward(WrappedBatches):
     """Batches as `(inputs with the targets, target)` (see the module's docstring)."""
 
-    def __init__(self, batches, arguments: ForwardArguments):
-        self.batches, self.arguments = batches, arguments
-        self.sharded = getattr(batches, "sharded", False)
+    def __init__(self, batches: BatchSource, arguments: ForwardArguments):
+        super().__init__(batches)
+        self.arguments = arguments
 
     @property
     def loader(self):
         return getattr(self.batches, "loader", None)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
     def __iter__(self):
         return map(self.structured, self.batches)

@@ -4,16 +4,17 @@ from __future__ import annotations
 import warnings
 
 from easyfit.data.batches import batch_count
+from easyfit.data.source import BatchSource, WrappedBatches
 
 
-class StepLimitedBatches:
+class StepLimitedBatches(WrappedBatches):
     """At most `steps` batches per epoch. One pass over the data continues into the next epoch, and a new pass
     starts when one has been used up, as Keras does: an endless stream never restarts, and an epoch that runs
     out of data part-way ends early with a warning."""
 
-    def __init__(self, batches, steps: int, role: str = "training"):
-        self.batches, self.steps, self.role = batches, steps, role
-        self.sharded = getattr(batches, "sharded", False)
+    def __init__(self, batches: BatchSource, steps: int, role: str = "training"):
+        super().__init__(batches)
+        self.steps, self.role = steps, role
         self.iterator = None
         self.taken = 0   # batches taken from the current pass
         self.epoch = 0
@@ -45,6 +46,6 @@ class StepLimitedBatches:
             self.iterator = None
 
 
-def limit_steps(batches, steps: int | None, role: str):
+def limit_steps(batches: BatchSource, steps: int | None, role: str) -> BatchSource:
     """`batches` limited to `steps` per epoch; unchanged when `steps` is None."""
     return batches if steps is None else StepLimitedBatches(batches, steps, role)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from easyfit.data.batches import TensorBatches
+from easyfit.data.source import BatchSource, WrappedBatches
 from easyfit.parts.losses import check_targets
 
 #: reductions after which a loss sums over a sample's elements (else it averages them)
@@ -104,19 +105,12 @@ class WeightedLoss:
         return weighted if self.sums_batch else weighted / len(values)
 
 
-class WeightedBatches:
+class WeightedBatches(WrappedBatches):
     """Yields each batch without its last tensor, the weights, which it hands to `loss` (None: no weights)."""
 
-    def __init__(self, batches, loss: WeightedLoss):
-        self.batches, self.loss = batches, loss
-        self.weighted = isinstance(batches, TensorBatches) and getattr(batches, "weighted", False)
-        self.sharded = getattr(batches, "sharded", False)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
+    def __init__(self, batches: BatchSource, loss: WeightedLoss):
+        super().__init__(batches, batches.weighted)
+        self.loss = loss
 
     def __iter__(self):
         loss = self.loss
@@ -158,14 +152,12 @@ def _tensors(batches, name: str) -> tuple[torch.Tensor, ...]:
     return batches.tensors
 
 
-def _with(batches, weights: torch.Tensor | None):
+def _with(batches: BatchSource, weights: torch.Tensor | None) -> BatchSource:
     """The batches, their weights added as a last tensor indexed with the rest (unchanged when None)."""
     if weights is None:
         return batches
-    weighted = TensorBatches((*batches.tensors, weights.to(batches.tensors[0].device)), batches.batch_size,
-                             batches.sampler, batches.device, names=batches.names)
-    weighted.sharded, weighted.weighted = getattr(batches, "sharded", False), True
-    return weighted
+    return TensorBatches((*batches.tensors, weights.to(batches.tensors[0].device)), batches.batch_size,
+                         batches.sampler, batches.device, names=batches.names, sharded=batches.sharded, weighted=True)
 
 
 def _as_weights(weights: Any, name: str) -> torch.Tensor:

@@ -32,38 +32,43 @@ from easyfit.data.explain import (
     explain,
     float_dtype,
 )
+from easyfit.data.source import BatchSource
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
 from easyfit.parts.outputs import prediction
 from easyfit.training.loop import _eval_mode, call_net
 from easyfit.utils.tensors import map_tensors
 
 
-def prepare_fit_data(model, net: nn.Module, train, val) -> None:
-    """Before the first epoch: in-memory data conformed to the net, first steps to run the checks, and the validation
-    data's first batch checked (the one forward pass run ahead of training)."""
+def prepare_fit_data(model, net: nn.Module, train: BatchSource,
+                     val: BatchSource | None) -> dict[BatchSource, FirstStep]:
+    """Before the first epoch: in-memory data conformed to the net, and the validation data's first batch checked
+    (the one forward pass run ahead of training); the first steps of the training and validation batches, by
+    batches, for the loop (`Loop.first_steps`)."""
     eval_net = model.strategy.module_for_eval(net)   # a sharding strategy gathers a copy per call: one for all three
-    prepare(model, eval_net, train, "the training data", training=True)
+    first_steps = {train: prepare(model, eval_net, train, "the training data", training=True)}
     if val is not None:
-        prepare(model, eval_net, val, "the validation data")
+        first_steps[val] = prepare(model, eval_net, val, "the validation data")
         _check_validation_batch(model, eval_net, val)
+    return first_steps
 
 
-def prepare(model, eval_net: nn.Module, batches, source: str, training: bool = False, targets: bool = True) -> None:
-    """Conform in-memory data to the net evaluation runs (`strategy.module_for_eval`'s) and give `batches` the
-    `FirstStep` the loop runs as its first batch."""
+def prepare(model, eval_net: nn.Module, batches: BatchSource, source: str, training: bool = False,
+            targets: bool = True) -> FirstStep:
+    """Conform in-memory data to the net evaluation runs (`strategy.module_for_eval`'s); the `FirstStep` the loop
+    runs as the first batch of `batches`."""
     precision = model.precision
     data = batch_source(batches)
     if isinstance(data, TensorBatches):
         _conform_floats(data, _data_dtype(eval_net, precision))
         if targets:
             _conform_labels(data, model.loss_fn, _data_dtype(eval_net, precision))
-    batches.first_step = FirstStep(model, batches, source, training)
+    return FirstStep(model, batches, source, training)
 
 
 class FirstStep:
-    """Runs the first batch as the loop would, with the checks; the loop then drops it (`batches.first_step`)."""
+    """Runs the first batch as the loop would, with the checks; the loop then drops it (`Loop.first_steps`)."""
 
-    def __init__(self, model, batches, source: str, training: bool):
+    def __init__(self, model, batches: BatchSource, source: str, training: bool):
         self.model, self.batches, self.source, self.training = model, batches, source, training
 
     def forward(self, net: nn.Module, inputs):
@@ -150,7 +155,7 @@ def _is_class_index(loss_fn, target: torch.Tensor) -> bool:
 
 def _target_index(batches: TensorBatches) -> int:
     """Where the target lies among in-memory tensors: last, or before the sample weights."""
-    return -2 if getattr(batches, "weighted", False) else -1
+    return -2 if batches.weighted else -1
 
 
 def _conform_labels(batches: TensorBatches, loss_fn, float_dtype: torch.dtype) -> None:
@@ -176,7 +181,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     if batch is None:
         return
     batch = move_to_device(batch, model.strategy.root_device)   # where the backend's loader would put it
-    inputs, target = split_batch(batch[:-1] if getattr(data, "weighted", False) else batch)   # less the weights
+    inputs, target = split_batch(batch[:-1] if data.weighted else batch)   # less the weights
     if target is None:
         raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "
                          "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "

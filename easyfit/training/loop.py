@@ -47,7 +47,7 @@ class TrainingObjects:
 @dataclass
 class EpochRun:
     """What the steps of one training epoch share."""
-    batches: Any   # the epoch's batch source; its `first_step` runs the fit's first batch with its checks
+    batches: Any   # the epoch's batch source; its `Loop.first_steps` entry runs the fit's first batch with its checks
     tracker: LossTracker
     num_batches: int | None
     accumulate: int
@@ -72,13 +72,16 @@ class Loop:
     """Runs epochs of training, evaluation and prediction for one process."""
 
     def __init__(self, model, strategy, callbacks: CallbackList, objects: TrainingObjects,
-                 settings: TrainingSettings | None = None, warmup=None):
+                 settings: TrainingSettings | None = None, warmup=None, first_steps: dict | None = None):
         self.model, self.strategy, self.callbacks = model, strategy, callbacks
         self.net, self.optimizer, self.scheduler = objects.net, objects.optimizer, objects.scheduler
         self.precision: Precision = model.precision
         self.metrics: MetricSet = model.metrics
         self.settings = settings or TrainingSettings()
         self.warmup = warmup
+        # the FirstStep of a batch source (easyfit.training.first_batch) runs its first batch, with the checks, in
+        # place of a plain step; it is dropped once that step ran
+        self.first_steps: dict = dict(first_steps or {})
         self.loss_fn = model.loss_fn
         self.batches_checked = False
         self.train_batches = None
@@ -134,7 +137,7 @@ class Loop:
         with strategy.uneven_inputs(net) if uneven else SYNC:
             feed = iter(strategy.feed(remaining))
             for step, batch in enumerate(feed, first):
-                if fused is not None and getattr(batches, "first_step", None) is None and fused.ready(step):
+                if fused is not None and batches not in self.first_steps and fused.ready(step):
                     step = fused.train(itertools.chain([batch], feed), step, run)
                     break
                 if self.train_batch(step, batch, run):
@@ -156,11 +159,11 @@ class Loop:
         with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                 strategy.zero_grad(optimizer)
-            first_step = getattr(batches, "first_step", None)
+            first_step = self.first_steps.get(batches)
             step_run = run.plain if first_step is None else _runner(run.forward_loss, self.loss_fn, first_step)
             output, target, loss = strategy.training_step(net, inputs, target, step_run, precision, run.divisor)
             if first_step is not None:   # the checks of the first batch ran in its real step
-                batches.first_step = None
+                del self.first_steps[batches]
         if boundary:
             self._optimizer_step()
         elif run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
@@ -253,7 +256,7 @@ class Loop:
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = self._loss_tracker()
-        first_step, plain = getattr(batches, "first_step", None), _runner(forward_loss, self.loss_fn, None)
+        first_step, plain = self.first_steps.get(batches), _runner(forward_loss, self.loss_fn, None)
         callbacks.call("on_test_begin", None)   # before the module is made: a callback may swap the weights (EMA)
         net = self.strategy.module_for_eval(self.net)
         with _eval_mode(net):
@@ -268,7 +271,8 @@ class Loop:
                 run = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
                 output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
                 if first_step is not None:   # the checks of the first batch ran in its real step
-                    first_step = batches.first_step = None
+                    first_step = None
+                    del self.first_steps[batches]
                 size = batch_length(target)
                 tracker.add(loss.detach(), size)
                 if metrics and output is not None:
@@ -292,7 +296,7 @@ class Loop:
         callbacks.call("on_predict_begin", None)   # before the module is made, as on_test_begin
         net = self.strategy.module_for_eval(self.net)
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
-        first_step, plain = getattr(batches, "first_step", None), _runner(forward, None, None)
+        first_step, plain = self.first_steps.get(batches), _runner(forward, None, None)
         with _eval_mode(net):
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
@@ -300,7 +304,8 @@ class Loop:
                 run = plain if first_step is None else _runner(forward, None, first_step)
                 output = self.strategy.evaluation_step(net, inputs, None, run, precision)[0]
                 if first_step is not None:
-                    first_step = batches.first_step = None
+                    first_step = None
+                    del self.first_steps[batches]
                 output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
                 if output is not None:   # None: this rank holds no outputs (see evaluation_step)
                     outputs.append(on_cpu(output))
