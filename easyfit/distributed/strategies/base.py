@@ -16,6 +16,7 @@ from torch.utils.data import Sampler
 
 from easyfit.data.batches import interleave
 from easyfit.data.samplers import EpochSampler, EvalSampler
+from easyfit.distributed.collectives import Collectives
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
@@ -306,9 +307,15 @@ class Strategy:
         torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
 
     # --- collectives ----------------------------------------------------------------
+    @property
+    def collectives(self) -> Collectives:
+        """The backend's collectives that `reduce`, `all_gather`, `broadcast` and `barrier` run, built on each use
+        (a pickled strategy carries none): one process's here."""
+        return Collectives()
+
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce over all ranks ("sum", "mean", "max", "min"); identity on one process."""
-        return tensor
+        return self.collectives.reduce(tensor, op)
 
     def any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank: one 1-element all-reduce on `root_device` (none on one process).
@@ -318,14 +325,15 @@ class Strategy:
         return bool(self.reduce(torch.tensor([float(flag)], device=self.root_device), "max").item())
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """This rank's tensor from every rank, in rank order (shapes may differ between ranks)."""
-        return [tensor]
+        """This rank's tensor from every rank, in rank order (first dimensions may differ between ranks)."""
+        return self.collectives.all_gather(tensor)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
+        return self.collectives.broadcast(obj, src)
 
     def barrier(self) -> None:
         """Wait for every rank."""
+        self.collectives.barrier()
 
     def metric_sync_fn(self) -> Callable:
         """The gather function torchmetrics uses to synchronise metric states (its `dist_sync_fn`)."""

@@ -7,10 +7,10 @@ epoch loss, metric states, checkpoints) goes through Horovod's own.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
 
+from easyfit.distributed.collectives import HorovodCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import Strategy
@@ -19,8 +19,6 @@ from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
-
-REDUCE_OPS = {"sum": "Sum", "mean": "Average", "max": "Max", "min": "Min"}
 
 
 class HorovodStrategy(DataParallelShares, Strategy):
@@ -181,32 +179,9 @@ class HorovodStrategy(DataParallelShares, Strategy):
             self._synchronized = True
 
     # --- collectives ----------------------------------------------------------------
-    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        if op not in REDUCE_OPS:
-            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-        hvd = import_horovod()
-        return hvd.allreduce(tensor, op=getattr(hvd, REDUCE_OPS[op]))
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's tensor; first dimensions may differ, and a rank may hold none (an empty tensor)."""
-        if tensor.dim() == 0:
-            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
-        hvd = import_horovod()
-        meta = hvd.allgather_object((len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
-        trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
-        local = tensor.to(dtype).reshape(len(tensor), *trailing)
-        sent = local.to(torch.uint8) if dtype == torch.bool else local   # Horovod's gather has no bool
-        gathered = hvd.allgather(sent).to(dtype)
-        return list(torch.split(gathered, [length for length, _, _ in meta]))
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        # one name on every rank: Horovod matches collectives by name, and its default is the object's type
-        return import_horovod().broadcast_object(obj, root_rank=src, name="easyfit.broadcast")
-
-    def barrier(self) -> None:
-        hvd = self._hvd
-        if hvd is not None:
-            hvd.barrier()
+    @property
+    def collectives(self) -> HorovodCollectives:
+        return HorovodCollectives(import_horovod(), self.world_size)
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Horovod counts backward passes itself (`backward_passes_per_step`), so nothing to skip here."""

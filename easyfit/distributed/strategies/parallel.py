@@ -9,13 +9,13 @@ import os
 import sys
 import threading
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.distributed.attempt_store import attempt_store
+from easyfit.distributed.collectives import TorchCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
@@ -23,7 +23,6 @@ from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why
 PEER_WAIT_NOTICE_SECONDS = 15.0
-REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
 def destroy_process_group() -> None:
@@ -195,34 +194,16 @@ class ParallelStrategy(DataParallelShares, Strategy):
             destroy_process_group()
 
     # --- collectives ----------------------------------------------------------------
+    @property
+    def collectives(self) -> TorchCollectives:
+        return TorchCollectives(self.world_size, self._collective_device)
+
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        if op not in REDUCE_OPS:
-            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-        group, size = self.reduce_group(op)
-        result = tensor.to(self._collective_device, copy=True)
-        dist.all_reduce(result, op=getattr(dist.ReduceOp, REDUCE_OPS[op]), group=group)
-        result = result.to(tensor.device)
-        return result / size if op == "mean" else result
+        return self.collectives.reduce(tensor, op, self.reduce_group(op))
 
-    def reduce_group(self, op: str) -> tuple[dist.ProcessGroup | None, int]:
-        """The process group `reduce` runs `op` over (None: every rank) and its size."""
-        return None, self.world_size
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's tensor. Their first dimensions may differ, and a rank may hold none (an empty tensor of any
-        shape): the tensors are padded to the longest for the transfer and trimmed after."""
-        if tensor.dim() == 0:   # a scalar (e.g. a metric's running sum): gathered as one element
-            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
-        device = self._collective_device
-        meta = [None] * self.world_size
-        dist.all_gather_object(meta, (len(tensor), tuple(tensor.shape[1:]), tensor.dtype))
-        trailing, dtype = next(((shape, dtype) for length, shape, dtype in meta if length), meta[0][1:])
-        padded = torch.zeros((max(length for length, _, _ in meta), *trailing), dtype=dtype, device=device)
-        if len(tensor):   # a rank with no rows (fewer samples than processes) sends padding only
-            padded[:len(tensor)] = tensor.to(device)
-        gathered = [torch.empty_like(padded) for _ in meta]
-        dist.all_gather(gathered, padded)
-        return [part[:length].to(tensor.device) for part, (length, _, _) in zip(gathered, meta)]
+    def reduce_group(self, op: str) -> dist.ProcessGroup | None:
+        """The process group `reduce` runs `op` over (None: every rank)."""
+        return None
 
     @property
     def _collective_device(self) -> torch.device:
@@ -230,15 +211,6 @@ class ParallelStrategy(DataParallelShares, Strategy):
         if self.process_group_backend == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=src)
-        return holder[0]
-
-    def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
 
     def __repr__(self) -> str:
         per_node = None if self.parallel_devices is None else self.num_processes   # None: not configured yet

@@ -198,12 +198,12 @@ class ModelParallelStrategy(DTensorStrategy):
             grad.mul_(coefficient)
 
     # --- collectives: sums count each TP group once ---------------------------------
-    def reduce_group(self, op: str) -> tuple[dist.ProcessGroup | None, int]:
+    def reduce_group(self, op: str) -> dist.ProcessGroup | None:
         """"max" and "min" over every rank (every rank gets the same answer); "sum" and "mean" over the dp ranks,
         as the ranks of a TP group hold the same batch."""
         if op not in ("sum", "mean") or self.data_parallel_size == self.world_size:
             return super().reduce_group(op)
-        return self.build_mesh()["dp"].get_group(), self.data_parallel_size
+        return self.build_mesh()["dp"].get_group()
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """One tensor per dp rank (its TP group's first rank's), in dp order."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from easyfit.data.contents import move_to_device
+from easyfit.distributed.collectives import XlaCollectives
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
@@ -27,7 +28,6 @@ from easyfit.utils.tensors import map_tensors
 
 #: the torch_xla release `pip install easyfit[xla]` installs; it pins torch to the same version
 TORCH_XLA_VERSION = "2.9.0"
-REDUCE_OPS = {"sum": "REDUCE_SUM", "mean": "REDUCE_SUM", "max": "REDUCE_MAX", "min": "REDUCE_MIN"}
 XLA_RNG_KEY = "xla_rng"   # the checkpoint's entry for the XLA device's random seed (dropout on the device)
 CPU = torch.device("cpu")
 
@@ -233,39 +233,9 @@ class XLAStrategy(Strategy):
         self._reduced = False
 
     # --- collectives ----------------------------------------------------------------
-    def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        if op not in REDUCE_OPS:
-            raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-        if self.world_size == 1:
-            return tensor
-        import torch_xla.core.xla_model as xm
-        result = xm.all_reduce(getattr(xm, REDUCE_OPS[op]), tensor.to(self.root_device))
-        return result / self.world_size if op == "mean" else result
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every replica's tensor; their first dimensions may differ (padded for the transfer, trimmed after)."""
-        if self.world_size == 1:
-            return [tensor]
-        import torch_xla.core.xla_model as xm
-        if tensor.dim() == 0:
-            return [part.reshape(()) for part in self.all_gather(tensor.reshape(1))]
-        device = self.root_device
-        lengths = xm.all_gather(torch.tensor([len(tensor)], device=device)).tolist()
-        padded = torch.zeros((max(lengths), *tensor.shape[1:]), dtype=tensor.dtype, device=device)
-        padded[:len(tensor)] = tensor.to(device)
-        gathered = xm.all_gather(padded.unsqueeze(0)).split(1)
-        return [part[0, :length].to(tensor.device) for part, length in zip(gathered, lengths)]
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if self.world_size == 1:
-            return obj
-        import torch_xla.core.xla_model as xm
-        return xm.mesh_reduce("easyfit.broadcast", obj, lambda objects: objects[src])
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            import torch_xla.core.xla_model as xm
-            xm.rendezvous("easyfit.barrier")
+    @property
+    def collectives(self) -> XlaCollectives:
+        return XlaCollectives(self.world_size, self.root_device)
 
     def __repr__(self) -> str:
         devices = "every device of this host" if self.all_devices else "1 device"
