@@ -11,15 +11,12 @@ from easyfit.callbacks.history import History
 from easyfit.data.results import is_numpy_input, prediction_result, scores_result
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.from_rank_zero import (
-    callback_attributes,
-    recorded_warnings,
     reissue,
     restore_callback_attributes,
 )
 from easyfit.distributed.run_options import RunOptions, takes_run_options
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategy_parts.construction import prepare_for_state
-from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.losses import resolve_loss
 from easyfit.parts.metrics import MetricSet, metric_names
 from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer_name, parameter_groups
@@ -28,18 +25,18 @@ from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.compiling import CompiledSteps
-from easyfit.training.in_process import CALLS as IN_PROCESS_CALLS, fit_callbacks
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
-from easyfit.training.plan import Plan, fit_options, plan_call
-from easyfit.tuning.batch_size_finder import search_in_process
+from easyfit.training.on_rank import ON_RANK as TRAINING_ON_RANK, call_on_rank, fit_callbacks
+from easyfit.training.plan import fit_options, plan_call
+from easyfit.tuning.batch_size_finder import search_on_rank
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
 
 #: what a call runs on each rank, by the call's name
-CALLS = {**IN_PROCESS_CALLS, "find_batch_size": search_in_process}
+ON_RANK = {**TRAINING_ON_RANK, "find_batch_size": search_on_rank}
 
 
 class Model(OnBatchCalls):
@@ -297,12 +294,12 @@ class Model(OnBatchCalls):
 
     # --- running in one or many processes -----------------------------------------------
     def _dispatch(self, method: str, run: RunOptions, **inputs):
-        """Run the call `method` ("fit", "evaluate", ...: CALLS) by its plan: in this process or, through the
+        """Run the call `method` ("fit", "evaluate", ...: ON_RANK) by its plan: in this process or, through the
         plan's launcher, in every rank."""
         plan = plan_call(self, method, run, inputs.get("options"))
         if plan.launcher is None:
-            return self._in_process(plan, **inputs)[0]
-        result, state = plan.launcher.launch(self._in_process, plan, **inputs)
+            return call_on_rank(plan, ON_RANK[method], model=self, **inputs)[0]
+        result, state = plan.launcher.launch(call_on_rank, plan, ON_RANK[method], model=self, **inputs)
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
@@ -313,32 +310,3 @@ class Model(OnBatchCalls):
             restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history
         return result
-
-    def _in_process(self, plan: Plan, **inputs):
-        """(result, state to hand back to the caller or None), for this rank."""
-        strategy, method, run = plan.strategy, plan.method, plan.run
-        strategy.setup_environment()
-        self.strategy = strategy
-        if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
-            self._identity = (strategy.global_rank, strategy.world_size)
-        self._precision = strategy.precision_plugin(self._precision, plan.precision)
-        returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
-        say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
-        try:
-            with recorded_warnings(returns_state) as caught, self.compiled_steps.running(run.compile, strategy, say):
-                result = CALLS[method](self, run, **inputs)
-            if not returns_state:
-                return result, None
-            if method != "fit":
-                return result, {"warnings": caught}
-            # a History refers to the whole Model: the caller rebuilds its own from the state instead
-            return None, {**self.checkpoint_state(), "warnings": caught,
-                          "callback_attributes": callback_attributes(inputs["options"].callbacks)}
-        except RuntimeError as error:   # DDP's unused-parameter error, with the parameters' names and the fix
-            explained = explain_unused_parameters(error, self.net)
-            if explained is None:
-                raise
-            raise explained from error
-        finally:
-            strategy.teardown()
-

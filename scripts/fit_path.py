@@ -14,8 +14,8 @@ import os
 import sys
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import easyfit
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -152,3 +155,18 @@ def test_the_name_check_finds_a_missing_name(tmp_path):
     stale = tmp_path / "stale.py"
     stale.write_text("def f():\n    from easyfit.distributed.launchers import child_started\n")
     assert missing_names("stale", stale) == ["stale: from easyfit.distributed.launchers import child_started"]
+
+
+def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
+    """docs/architecture.md's numbered way from fit to the optimizer step is what scripts/fit_path.py records on rank 0
+    of a real 2-process ddp fit, within the bounds the design keeps (at most 12 modules, 10 doublings back)."""
+    root = pathlib.Path(__file__).parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "fit_path.py")], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    recorded = [line for line in done.stdout.splitlines() if line[:1].isdigit()]
+    doc = (root / "docs" / "architecture.md").read_text()
+    documented = doc.split("<!-- fit path: scripts/fit_path.py -->\n")[1].split("\n<!-- end of fit path -->")[0]
+    assert recorded == documented.splitlines(), "the way changed: paste scripts/fit_path.py's list into the docs"
+    modules, doubled = map(int, re.search(r"modules (\d+) doubling back (\d+)", done.stdout).groups())
+    assert modules <= 12 and doubled <= 10

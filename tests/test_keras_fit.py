@@ -160,7 +160,7 @@ def test_weight_arguments_are_checked_before_training(cancer):
 def test_an_unweighted_fit_builds_nothing_for_weights(cancer, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("weights machinery used without weights")
-    monkeypatch.setattr("easyfit.training.in_process.weigh_batches", refuse)
+    monkeypatch.setattr("easyfit.training.on_rank.weigh_batches", refuse)
     x, y = cancer
     easyfit.Model(linear(30, 1), "bce_with_logits", "sgd").fit(x, y, validation_data=(x, y), verbose=0)
 

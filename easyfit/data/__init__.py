@@ -1,5 +1,6 @@
 """The user's data as batches: arrays, datasets, loaders and iterables to batches on a device.
 
+- `source`: the batch-source protocol every batch source and wrapper follows (`BatchSource`, `WrappedBatches`).
 - `batches`: what the user passes, turned into batches; validation splits.
 - `samplers`: every sample once per epoch, in an order set by (seed, epoch).
 - `contents`: what a batch holds (inputs, target, sample count) and moving it to a device.

@@ -104,7 +104,7 @@ class FirstStep:
         except (RuntimeError, TypeError):   # not a net of float inputs either: the integers' error is the one
             raise explain(first, net, inputs, self.source) from first
 
-    def run(self, net: nn.Module, inputs, target, loss_fn) -> tuple:
+    def forward_and_loss(self, net: nn.Module, inputs, target, loss_fn) -> tuple:
         """(output, target, loss) of the first training or evaluation batch, checked."""
         output = self.forward(net, inputs)
         target = self.check_target(output, target, loss_fn)

@@ -16,8 +16,8 @@ from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
 from easyfit.parts.precision import Precision
+from easyfit.training.epoch_logs import BatchLogs, LossTracker
 from easyfit.training.lockstep import in_lockstep
-from easyfit.training.tracking import BatchLogs, LossTracker
 from easyfit.utils.tensors import on_cpu
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
@@ -56,7 +56,7 @@ class EpochRun:
     batch_end: bool
     agree_per_step: bool   # every rank agrees after each step whether to stop
     forward_loss: Callable
-    plain: Callable = None   # run(net, inputs, target) of a batch after the first (see `_runner`)
+    plain: Callable = None   # step_fn(net, inputs, target) of a batch after the first (see `_runner`)
     has_metrics: bool = False
 
 
@@ -123,12 +123,12 @@ class Loop:
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
         self._check_even_batches(num_batches)
-        run = EpochRun(batches, tracker, num_batches, accumulate,
+        epoch_run = EpochRun(batches, tracker, num_batches, accumulate,
                        1 if strategy.handles_accumulation else accumulate,   # a backend that accumulates divides
                        callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
                        strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
                        self.steps.step("train"))
-        run.plain, run.has_metrics = _runner(run.forward_loss, self.loss_fn, None), bool(self.metrics)
+        epoch_run.plain, epoch_run.has_metrics = _runner(epoch_run.forward_loss, self.loss_fn, None), bool(self.metrics)
         remaining, first = model.position.begin(batches, tracker, accumulate, epoch)   # first > 0: mid-epoch resume
         net.train()
         if not first:   # a resumed epoch's metrics hold the state of its batches before the checkpoint
@@ -138,9 +138,9 @@ class Loop:
             feed = iter(strategy.feed(remaining))
             for step, batch in enumerate(feed, first):
                 if fused is not None and batches not in self.first_steps and fused.ready(step):
-                    step = fused.train(itertools.chain([batch], feed), step, run)
+                    step = fused.train(itertools.chain([batch], feed), step, epoch_run)
                     break
-                if self.train_batch(step, batch, run):
+                if self.train_batch(step, batch, epoch_run):
                     break
         if tracker.folded_count == 0 and not tracker.losses:
             raise ValueError("the training data yielded no batches; pass at least one sample")
@@ -148,35 +148,36 @@ class Loop:
             self._optimizer_step()
         return self._epoch_logs(tracker)
 
-    def train_batch(self, step: int, batch, run: EpochRun) -> bool:
-        """One training step, its parts run one by one (eagerly, or each compiled); whether to stop."""
+    def train_batch(self, step: int, batch, epoch_run: EpochRun) -> bool:
+        """One training step, its parts epoch_run one by one (eagerly, or each compiled); whether to stop."""
         strategy, optimizer, precision, callbacks = self.strategy, self.optimizer, self.precision, self.callbacks
-        net, accumulate, batches = self.net, run.accumulate, run.batches
-        if run.batch_begin:
+        net, accumulate, batches = self.net, epoch_run.accumulate, epoch_run.batches
+        if epoch_run.batch_begin:
             callbacks.call("on_train_batch_begin", step, None)
         inputs, target = split_batch(precision.convert_input(batch))
-        boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == run.num_batches
+        boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == epoch_run.num_batches
         with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                 strategy.zero_grad(optimizer)
             first_step = self.first_steps.get(batches)
-            step_run = run.plain if first_step is None else _runner(run.forward_loss, self.loss_fn, first_step)
-            output, target, loss = strategy.training_step(net, inputs, target, step_run, precision, run.divisor)
+            step_fn = epoch_run.plain if first_step is None else \
+                _runner(epoch_run.forward_loss, self.loss_fn, first_step)
+            output, target, loss = strategy.training_step(net, inputs, target, step_fn, precision, epoch_run.divisor)
             if first_step is not None:   # the checks of the first batch ran in its real step
                 del self.first_steps[batches]
         if boundary:
             self._optimizer_step()
-        elif run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
+        elif epoch_run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
             strategy.optimizer_step(optimizer, precision)
         self.model.position.batches_done = step + 1
         loss = loss.detach()
         size = batch_length(target if target is not None else inputs)
-        run.tracker.add(loss, size)
-        if run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
+        epoch_run.tracker.add(loss, size)
+        if epoch_run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
             self.metrics.update(output, target)
-        if run.batch_end:
-            callbacks.call("on_train_batch_end", step, BatchLogs(run.tracker, loss, size))
-        return self._agreed_to_stop() if run.agree_per_step else self.model.stop_training
+        if epoch_run.batch_end:
+            callbacks.call("on_train_batch_end", step, BatchLogs(epoch_run.tracker, loss, size))
+        return self._agreed_to_stop() if epoch_run.agree_per_step else self.model.stop_training
 
     def _loss_tracker(self) -> LossTracker:
         return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY, self.metrics)
@@ -268,8 +269,8 @@ class Loop:
                 if batch_begin:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
-                run = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
-                output, target, loss = self.strategy.evaluation_step(net, inputs, target, run, precision)
+                step_fn = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
+                output, target, loss = self.strategy.evaluation_step(net, inputs, target, step_fn, precision)
                 if first_step is not None:   # the checks of the first batch ran in its real step
                     first_step = None
                     del self.first_steps[batches]
@@ -301,8 +302,8 @@ class Loop:
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
-                run = plain if first_step is None else _runner(forward, None, first_step)
-                output = self.strategy.evaluation_step(net, inputs, None, run, precision)[0]
+                step_fn = plain if first_step is None else _runner(forward, None, first_step)
+                output = self.strategy.evaluation_step(net, inputs, None, step_fn, precision)[0]
                 if first_step is not None:
                     first_step = None
                     del self.first_steps[batches]
@@ -315,18 +316,18 @@ class Loop:
 
 
 def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:
-    """run(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
+    """step_fn(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
     loss without `loss_fn`), the first batch's through its `FirstStep` (the checks, and the target as the loss
     takes it). The strategy's training_step / evaluation_step calls it."""
     if first_step is not None:
         if loss_fn is None:
             return lambda net, inputs, target: (first_step.forward(net, inputs), target, None)
-        return lambda net, inputs, target: first_step.run(net, inputs, target, loss_fn)
+        return lambda net, inputs, target: first_step.forward_and_loss(net, inputs, target, loss_fn)
 
-    def run(net, inputs, target):
+    def step_fn(net, inputs, target):
         output, loss = forward_loss(net, loss_fn, inputs, target)
         return output, target, loss
-    return run
+    return step_fn
 
 
 @contextlib.contextmanager

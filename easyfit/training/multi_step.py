@@ -23,8 +23,8 @@ from easyfit.data.batches import TensorBatches, batch_source
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.weights import WeightedLoss
 from easyfit.training import functional_step as fs
+from easyfit.training.epoch_logs import BatchLogs
 from easyfit.training.shape_family import ShapeFamily
-from easyfit.training.tracking import BatchLogs
 from easyfit.utils.checks import check_positive_int
 
 #: steps per call of "auto" for a small step (see `steps_per_call`)
@@ -107,40 +107,40 @@ class FusedTraining:
                       "whole step cannot be one program; its parts are compiled one by one instead", stacklevel=2)
         return False
 
-    def train(self, batches, step: int, run) -> int:
+    def train(self, batches, step: int, epoch_run) -> int:
         """Train `batches` (an iterator) from batch index `step`; the index of the last batch trained."""
-        return self._train(batches, step, run)[0]
+        return self._train(batches, step, epoch_run)[0]
 
-    def _train(self, batches, step: int, run) -> tuple[int, bool]:
+    def _train(self, batches, step: int, epoch_run) -> tuple[int, bool]:
         loop, precision, pending, raw = self.loop, self.loop.precision, [], []
         weighted = isinstance(loop.loss_fn, WeightedLoss)
         if self.trusted is None:
-            self.trusted = fixed_shapes(run.batches)
+            self.trusted = fixed_shapes(epoch_run.batches)
         last = step - 1
         for last, batch in enumerate(batches, step):
             inputs, target = split_batch(precision.convert_input(batch))
             weights = loop.loss_fn.weights if weighted else None
             shapes = fs.shapes_of(inputs, target, weights)
-            closing = last + 1 == run.num_batches
+            closing = last + 1 == epoch_run.num_batches
             if self.family is None and not closing:   # a short last batch does not set the shapes
                 self.family = ShapeFamily(shapes, may_free=False)
             if self.declined or self.family is None or not self.family.takes(shapes, closing) or not self.trusted:
                 # eagerly or in parts, after the batches before it (in parts too once the fit declined: no
                 # program is compiled for batches the fit will not take again; and while the shapes are watched)
-                stopped = self._train_in_parts(raw, run) if self._decline_resized() else \
-                    self._flush(pending, raw, run)
-                if stopped or self._train_in_parts([(last, batch, weights)], run):
+                stopped = self._train_in_parts(raw, epoch_run) if self._decline_resized() else \
+                    self._flush(pending, raw, epoch_run)
+                if stopped or self._train_in_parts([(last, batch, weights)], epoch_run):
                     return last, True
                 pending, raw = [], []
                 continue
             pending.append((last, inputs, target, weights))
             raw.append((last, batch, weights))
             if len(pending) == self.steps:
-                if self._call_or_decline(pending, raw, run):
+                if self._call_or_decline(pending, raw, epoch_run):
                     return last, True
                 pending, raw = [], []
         self.trusted = not self.declined   # an epoch's batches kept their shapes: the next epochs are programs
-        return last, self._flush(pending, raw, run)
+        return last, self._flush(pending, raw, epoch_run)
 
     def _decline_resized(self) -> bool:
         """Whether the fit has declined the whole-step programs (now or before): batches that change size (sequences
@@ -161,51 +161,52 @@ class FusedTraining:
         fs.uncapturable(loop.optimizer, self.capturable_before)
         loop.compiled_optimizer_step = loop.steps.optimizer_step(loop.optimizer, loop.precision, loop.strategy)
 
-    def _flush(self, pending: list, raw: list, run) -> bool:
+    def _flush(self, pending: list, raw: list, epoch_run) -> bool:
         """The batches of a run shorter than N, one per call (in parts once the fit declined: the program it could
         not trace is not traced again for each batch)."""
         for position, (item, held) in enumerate(zip(pending, raw)):
             if self.declined:
-                return self._train_in_parts(raw[position:], run)
-            if self._call_or_decline([item], [held], run):
+                return self._train_in_parts(raw[position:], epoch_run)
+            if self._call_or_decline([item], [held], epoch_run):
                 return True
         return False
 
-    def _call_or_decline(self, items: list, raw: list, run) -> bool:
+    def _call_or_decline(self, items: list, raw: list, epoch_run) -> bool:
         """One program over `items`; where torch.compile cannot trace or compile it (a layer it does not take, an
         operator under autocast it cannot differentiate twice), the fit declines the whole-step programs, says so
         once, and trains these batches (`raw`) and the rest in parts. Whether a callback asked to stop."""
         try:
-            return self._call(items, run)
+            return self._call(items, epoch_run)
         except NotTraced as declined:
             self._decline()
             warnings.warn(f"compile=: torch.compile cannot make the training step one program here ({declined}); "
                           "the step runs as separately compiled parts (forward with loss, optimizer step)",
                           stacklevel=5)
-        return self._train_in_parts(raw, run, begun=True)
+        return self._train_in_parts(raw, epoch_run, begun=True)
 
-    def _train_in_parts(self, raw: list, run, begun: bool = False) -> bool:
+    def _train_in_parts(self, raw: list, epoch_run, begun: bool = False) -> bool:
         """Batches held for a program, trained step by step in parts, each with its own sample weights (`begun`: the
         first one's begin callback has run); whether a callback asked to stop."""
-        loop, first = self.loop, dataclasses.replace(run, batch_begin=False) if begun else run
+        loop, first = self.loop, dataclasses.replace(epoch_run, batch_begin=False) if begun else epoch_run
         for position, (index, batch, weights) in enumerate(raw):
             if isinstance(loop.loss_fn, WeightedLoss):
                 loop.loss_fn.weights = weights
-            if loop.train_batch(index, batch, first if position == 0 else run):
+            if loop.train_batch(index, batch, first if position == 0 else epoch_run):
                 return True
         return False
 
-    def _call(self, items: list, run) -> bool:
+    def _call(self, items: list, epoch_run) -> bool:
         """One program over `items`; whether a callback asked to stop."""
         loop, callbacks = self.loop, self.loop.callbacks
         first, last = items[0][0], items[-1][0]
-        if run.batch_begin:
+        if epoch_run.batch_begin:
             callbacks.call("on_train_batch_begin", first, None)
-        pattern = tuple(((s % run.accumulate == 0), (s + 1) % run.accumulate == 0 or s + 1 == run.num_batches)
+        accumulate, num_batches = epoch_run.accumulate, epoch_run.num_batches
+        pattern = tuple(((s % accumulate == 0), (s + 1) % accumulate == 0 or s + 1 == num_batches)
                         for s, _, _, _ in items)
         schedule = self._schedule_position()
         rates = self._rates(pattern)
-        program = self._program(pattern, items[0][3] is not None, run)
+        program = self._program(pattern, items[0][3] is not None, epoch_run)
         params = self.names.params
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -227,11 +228,11 @@ class FusedTraining:
         size = 0
         for (_, inputs, target, _), loss in zip(items, losses.unbind()):
             size = batch_length(target if target is not None else inputs)
-            run.tracker.add(loss, size)
+            epoch_run.tracker.add(loss, size)
         for (_, _, target, _), output in zip(items, outputs):
             loop.metrics.update(output, target)
-        if run.batch_end:
-            callbacks.call("on_train_batch_end", last, BatchLogs(run.tracker, losses[-1], size))
+        if epoch_run.batch_end:
+            callbacks.call("on_train_batch_end", last, BatchLogs(epoch_run.tracker, losses[-1], size))
         return loop.model.stop_training
 
     def _schedule_position(self) -> tuple:
@@ -271,15 +272,16 @@ class FusedTraining:
             self.rate_values = values
         return self.rates
 
-    def _program(self, pattern: tuple, weighted: bool, run):
+    def _program(self, pattern: tuple, weighted: bool, epoch_run):
         """The program for these steps: what changes between calls is looked up first, the rest is this fit's."""
         loop = self.loop
         settings = fs.optimizer_settings(loop.optimizer)
         trainable = tuple(p.requires_grad for p in self.names.params)
         program = self.found.get((pattern, settings, weighted, trainable))
         if program is None:
-            key = fs.ProgramKey(pattern, self.family.first, settings, run.divisor, loop.settings.gradient_clip_val,
-                                loop.precision.autocast_dtype, weighted, bool(loop.metrics), trainable)
+            key = fs.ProgramKey(pattern, self.family.first, settings, epoch_run.divisor,
+                                loop.settings.gradient_clip_val, loop.precision.autocast_dtype, weighted,
+                                bool(loop.metrics), trainable)
             if key not in self.programs:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)
             program = self.found[pattern, settings, weighted, trainable] = self.programs[key]

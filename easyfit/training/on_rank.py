@@ -3,6 +3,8 @@ set up the training objects, run the loop, and hand the trained state back. `Mod
 process or through the strategy's launcher in every rank; the functions take the Model they run for."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from easyfit.callbacks.backup_and_restore import backup_to_resume
@@ -14,17 +16,50 @@ from easyfit.data.model_targets import targets_in_forward
 from easyfit.data.steps import limit_steps
 from easyfit.data.weights import validation_weight, weigh_batches
 from easyfit.distributed import fault_tolerance
+from easyfit.distributed.from_rank_zero import callback_attributes, recorded_warnings
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
 from easyfit.parts.outputs import ModelLoss
+from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
-from easyfit.training.plan import FitOptions
+from easyfit.training.plan import FitOptions, Plan
 
 
-def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History:
+def call_on_rank(plan: Plan, work: Callable, model, **inputs) -> tuple[Any, dict | None]:
+    """The body every rank runs for a call: `work(model, run options, **inputs)` (`ON_RANK[plan.method]`) under the
+    plan's strategy; (its result, the state rank 0 hands back to a caller in another process, or None)."""
+    strategy, method = plan.strategy, plan.method
+    strategy.setup_environment()
+    model.strategy = strategy
+    if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
+        model._identity = (strategy.global_rank, strategy.world_size)
+    model._precision = strategy.precision_plugin(model._precision, plan.precision)
+    returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
+    say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
+    try:
+        with recorded_warnings(returns_state) as caught, model.compiled_steps.running(plan.run.compile, strategy, say):
+            result = work(model, plan.run, **inputs)
+        if not returns_state:
+            return result, None
+        if method != "fit":
+            return result, {"warnings": caught}
+        # a History refers to the whole Model: the caller rebuilds its own from the state instead
+        return None, {**model.checkpoint_state(), "warnings": caught,
+                      "callback_attributes": callback_attributes(inputs["options"].callbacks)}
+    except RuntimeError as error:   # DDP's unused-parameter error, with the parameters' names and the fix
+        explained = explain_unused_parameters(error, model.net)
+        if explained is None:
+            raise
+        raise explained from error
+    finally:
+        strategy.teardown()
+
+
+def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     """Train `model` on (x, y) under its strategy; every rank ends with the trained state (hand_back)."""
     strategy, precision = model.strategy, model._precision
     validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
@@ -52,14 +87,12 @@ def fit_in_process(model, run: RunOptions, x, y, options: FitOptions) -> History
     strategy.configure_training(settings)
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
     objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)
-    # from here until the fit ends, Model and the callbacks use what the strategy returned
-    model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
-    model.loss_fn = weighted_loss   # the loop computes this fit's loss (weighted when weights were given)
-    try:
+    with kept(model, ("_training", "optimizer", "scheduler", "loss_fn")):
+        # until the fit ends, Model and the callbacks use what the strategy returned, and this fit's loss (weighted
+        # when weights were given)
+        model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
+        model.loss_fn = weighted_loss
         train_epochs(model, options, train, val, settings, objects)
-    finally:
-        model._training, model.optimizer, model.scheduler = None, user_optimizer, user_scheduler
-        model.loss_fn = loss_fn
     strategy.hand_back(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
     return model.history
 
@@ -74,17 +107,20 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train),
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
-        run = fault_tolerance.plan(options.fault_tolerance,
-                                   options.max_restarts if strategy.launcher is not None else 0, strategy)
-        callbacks = model._callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, run)
-        resume_from = (run and run.resume_from) or backup_to_resume(options.callbacks) or options.resume_from
+        restartable = fault_tolerance.restartable_run(options.fault_tolerance,
+                                                      options.max_restarts if strategy.launcher is not None else 0,
+                                                      strategy)
+        callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
+        model._callbacks = callbacks
+        resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
+                       or options.resume_from)
         state = None if resume_from is None else strategy.load_checkpoint(resume_from)
         if state is not None:
             model.restore(state, training=True)
             model.history.set_params(params)   # this fit's settings, not those of the fit that saved
             initial_epoch = model.completed_epochs
-        if run is not None:   # says a resume in the summary line, or writes the run's first checkpoint
-            fault_tolerance.begin(model, run, state, options, params, initial_epoch)
+        if restartable is not None:   # says a resume in the summary line, or writes the restartable's first checkpoint
+            fault_tolerance.begin(model, restartable, state, options, params, initial_epoch)
         elif state is not None:
             params["summary"] += model.position.metrics_note(initial_epoch, "resume")
         warmup = warmup_for(options, train, optimizer, multiplier, initial_epoch, model.position)
@@ -101,11 +137,11 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
 
 
 def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
-                  run: fault_tolerance.Run | None = None) -> CallbackList:
+                  restartable: fault_tolerance.RestartableRun | None = None) -> CallbackList:
     """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
     display = progress_callbacks(options.verbose, is_global_zero)
-    tolerance = [] if run is None else [fault_tolerance.FaultToleranceCheckpoint(
-        run, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
+    tolerance = [] if restartable is None else [fault_tolerance.FaultToleranceCheckpoint(
+        restartable, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
     return CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
 
 
@@ -159,7 +195,7 @@ def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = Fa
     return targets_in_forward(batches, model.net, model.loss_fn) if targets else batches
 
 
-def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
+def evaluate_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
     batches = call_batches(model, run, x, y, batch_size)
     loop = eval_loop(model, verbose, callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches,
@@ -167,7 +203,7 @@ def evaluate_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: 
     return loop.evaluate(batches)
 
 
-def predict_in_process(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
+def predict_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
     strategy = model.strategy
     batches = call_batches(model, run, x, y, batch_size, targets=False)
     loop = eval_loop(model, verbose, callbacks)
@@ -193,5 +229,5 @@ def _as_pair(validation_data) -> tuple:
 
 
 
-#: what `Model` dispatches, by the call's name
-CALLS = {"fit": fit_in_process, "evaluate": evaluate_in_process, "predict": predict_in_process}
+#: what each rank runs for a call, by the call's name (Model adds the finders')
+ON_RANK = {"fit": fit_on_rank, "evaluate": evaluate_on_rank, "predict": predict_on_rank}

@@ -114,7 +114,7 @@ def _sample_count(x) -> int:
     return sample_count(x)
 
 
-def search_in_process(model, run: RunOptions, x, y, start: int, limit: int, max_memory: int | None, steps: int,
+def search_on_rank(model, run: RunOptions, x, y, start: int, limit: int, max_memory: int | None, steps: int,
                       options: dict) -> int:
     """On this rank: the search on its own device, then the smallest answer of all ranks."""
     strategy = model.strategy

@@ -15,7 +15,7 @@ from runner import SCRIPTS, make_net
 import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
 from easyfit.saving.resume import EpochPosition
-from easyfit.training.in_process import warmup_for
+from easyfit.training.on_rank import warmup_for
 from easyfit.training.plan import FitOptions
 
 

@@ -128,4 +128,4 @@ def test_an_ordinary_model_is_not_reported():
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     model = easyfit.Model(net, "cross_entropy", "adam", metrics=["accuracy"],
                           scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 2))
-    assert find_unpicklable(model._in_process, "function") is None
+    assert find_unpicklable(model, "model") is None

@@ -162,7 +162,7 @@ def test_the_summary_line_says_which_metrics_count_only_the_batches_after_the_re
     model.strategy = Strategy()
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
     model.position.inexact_metrics = ["mean_of_outputs"]
-    run = fault_tolerance.Run("torchrun", "unused", restart=1, resume_from="unused")
+    run = fault_tolerance.RestartableRun("torchrun", "unused", restart=1, resume_from="unused")
     state = {fault_tolerance.WORLD_KEY: {"world_size": 1, "batch_factor": 1}}
     note = fault_tolerance.resume_note(model, run, state, batch_size=16, accumulate=1, multiplier=1.0)
     assert note == ("resumed after restart 1 from epoch 2, step 3; epoch 2's mean_of_outputs counts only the batches "

@@ -258,24 +258,24 @@ class Strategy:
         return batches
 
     # --- steps, and where outputs live -------------------------------------------------
-    def training_step(self, net: torch.nn.Module, inputs: Any, target: Any, run: Callable, precision: Precision,
+    def training_step(self, net: torch.nn.Module, inputs: Any, target: Any, step_fn: Callable, precision: Precision,
                       divisor: int = 1) -> tuple[Any, Any, torch.Tensor]:
         """Forward, loss and backward of one batch (the loss divided by `divisor` for the backward: an accumulation
-        window). `run(net, inputs, target) -> (output, target, loss)` is the loop's forward and loss (on the first
+        window). `step_fn(net, inputs, target) -> (output, target, loss)` is the loop's forward and loss (on the first
         batch with its checks, the target as the loss takes it). Returns (output, target, loss): the output, or None
         on a rank that holds no outputs (a pipeline's earlier stages); the batch's undivided loss on every rank."""
         with precision.autocast():
-            output, target, loss = run(net, inputs, target)
+            output, target, loss = step_fn(net, inputs, target)
         self.backward(loss / divisor if divisor > 1 else loss, precision)
         return output, target, loss
 
-    def evaluation_step(self, net: torch.nn.Module, inputs: Any, target: Any, run: Callable,
+    def evaluation_step(self, net: torch.nn.Module, inputs: Any, target: Any, step_fn: Callable,
                         precision: Precision) -> tuple[Any, Any, torch.Tensor | None]:
-        """The forward (and loss) of one evaluation or prediction batch of `module_for_eval`'s module, with `run`
+        """The forward (and loss) of one evaluation or prediction batch of `module_for_eval`'s module, with `step_fn`
         as in `training_step` (for predict, its loss is None): (output, or None where this rank holds no outputs;
         the target; the loss on every rank)."""
         with precision.autocast():
-            return run(net, inputs, target)
+            return step_fn(net, inputs, target)
 
     def gather_outputs(self, local: torch.Tensor) -> torch.Tensor:
         """Every rank's predictions (this rank's: `local`, for its `eval_sampler` share), in input order."""

@@ -183,21 +183,21 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         return self._eval_nets[id(net)]
 
     # --- where outputs live ---------------------------------------------------------
-    def training_step(self, net, inputs, target, run, precision: Precision, divisor: int = 1):
+    def training_step(self, net, inputs, target, step_fn, precision: Precision, divisor: int = 1):
         with precision.autocast():
-            output, target, loss = net.train_batch(inputs, target, run, divisor)
+            output, target, loss = net.train_batch(inputs, target, step_fn, divisor)
         if self._synchronise:
             self._average_gradients()
         return output, target, self._share_loss(loss)
 
-    def evaluation_step(self, net, inputs, target, run, precision: Precision):
+    def evaluation_step(self, net, inputs, target, step_fn, precision: Precision):
         """The pipelined forward; the loss (when there is a target: not in predict) on the last stage, shared."""
         with precision.autocast():
             output, loss = net(inputs), None
             if target is None:
                 return output, None, None
             if output is not None:
-                _, target, loss = run(IDENTITY, output, target)
+                _, target, loss = step_fn(IDENTITY, output, target)
         return output, target, self._share_loss(loss)
 
     def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor:

@@ -167,15 +167,15 @@ class ModelParallelStrategy(DTensorStrategy):
             fully_shard_net(net, {"mesh": mesh["dp"]})
 
     # --- the step -------------------------------------------------------------------
-    def training_step(self, net, inputs, target, run: Callable, precision, divisor: int = 1):
+    def training_step(self, net, inputs, target, step_fn: Callable, precision, divisor: int = 1):
         """With loss_parallel, the forward, loss and backward run in torch's loss_parallel context: the loss is taken
         on the logits split over the classes; the output is gathered afterwards for metrics."""
         if not self.loss_parallel:
-            return super().training_step(net, inputs, target, run, precision, divisor)
+            return super().training_step(net, inputs, target, step_fn, precision, divisor)
         from torch.distributed.tensor.parallel import loss_parallel
 
         def checked(net, inputs, target):
-            output, target, loss = run(net, inputs, target)
+            output, target, loss = step_fn(net, inputs, target)
             if not isinstance(output, DTensor):
                 raise ValueError("loss_parallel=True needs the net's output as a DTensor split over the classes, "
                                  f"but it is a {type(output).__name__}: split the output layer with "

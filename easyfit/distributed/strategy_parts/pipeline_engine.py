@@ -78,7 +78,7 @@ class PipelinedNet(nn.Module):
         self.layout, self.group, self.device = layout, group, device
         self.schedule_name, self.microbatches = schedule, microbatches
         self.plans: dict[tuple, object] = {}
-        self.run: Callable | None = None   # the forward and loss of the batch being trained (see _microbatch_loss)
+        self.step_fn: Callable | None = None   # the forward and loss of the batch being trained (see _microbatch_loss)
         self.batch_size, self.recorded, self.targets = 1, [], []
 
     def layers(self) -> list[nn.Sequential]:
@@ -90,11 +90,11 @@ class PipelinedNet(nn.Module):
         calls it with the same batch)."""
         return self._run(inputs, None, training=False)
 
-    def train_batch(self, inputs, target, run: Callable, divisor: int = 1):
-        """Forward, loss and backward of one batch; gradients accumulate into .grad. `run` is the loop's forward and
+    def train_batch(self, inputs, target, step_fn: Callable, divisor: int = 1):
+        """Forward, loss and backward of one batch; gradients accumulate into .grad. `step_fn` is the loop's forward and
         loss (see Strategy.training_step), given the outputs of each micro-batch (IDENTITY as the net). Returns
         (output, target as the loss took it, mean loss) on the last stage's rank, (None, target, None) elsewhere."""
-        self.run, self.batch_size, self.recorded, self.targets = run, len(target) * divisor, [], []
+        self.step_fn, self.batch_size, self.recorded, self.targets = step_fn, len(target) * divisor, [], []
         output = self._run(inputs, target, training=True)
         if not self.layout.holds_last:
             return None, target, None
@@ -118,7 +118,7 @@ class PipelinedNet(nn.Module):
     def _microbatch_loss(self, output, target):
         """The user's loss of one micro-batch, weighted by its share of the batch (so the gradients add up to the
         whole batch's); its sample-weighted value is kept for the batch's loss."""
-        _, target, loss = self.run(IDENTITY, output, target)
+        _, target, loss = self.step_fn(IDENTITY, output, target)
         self.targets.append(target)
         self.recorded.append(loss.detach().double() * len(target))
         return loss * (len(target) / self.batch_size)
