@@ -171,11 +171,10 @@ def _device_of(params: list) -> torch.device:
 
 def compiles_optimizer_step(optimizer, precision, strategy) -> bool:
     """Whether the optimizer step is compiled: a torch.optim optimizer (not LBFGS, which needs a closure) stepped
-    without a loss scaler by a strategy that leaves the step as the base contract does it. Fused into a few
+    without a loss scaler by a strategy whose step is the plain one (`plain_optimizer_step`). Fused into a few
     kernels, Adam's step is about a tenth of a CPU step of a 784-1024-1024-10 MLP faster than eagerly."""
-    from easyfit.distributed.strategies.base import Strategy
     return (type(optimizer).__module__.startswith("torch.optim.") and not isinstance(optimizer, torch.optim.LBFGS)
-            and precision.scaler is None and type(strategy).optimizer_step is Strategy.optimizer_step)
+            and precision.scaler is None and strategy.plain_optimizer_step)
 
 
 class CompiledOptimizerStep:

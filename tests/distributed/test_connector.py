@@ -359,3 +359,17 @@ def test_a_call_makes_its_launcher_once_and_a_copy_sent_to_a_rank_makes_its_own(
     assert connect(strategy=strategy, devices=2, accelerator="cpu").launcher is not launcher   # the next call's
     copy = pickle.loads(pickle.dumps(strategy))
     assert "_launcher" not in copy.__dict__ and isinstance(copy.launcher, ScriptLauncher)
+
+
+def test_a_strategy_with_its_own_optimizer_step_is_not_compiled_past_it():
+    from easyfit.distributed.strategies.base import Strategy
+
+    class OwnStep(Strategy):
+        def optimizer_step(self, optimizer, precision):
+            precision.optimizer_step(optimizer)
+
+    class SaysPlain(OwnStep):
+        plain_optimizer_step = True
+
+    assert Strategy.plain_optimizer_step and not OwnStep.plain_optimizer_step and SaysPlain.plain_optimizer_step
+    assert connect("ddp", devices=2, accelerator="cpu").plain_optimizer_step

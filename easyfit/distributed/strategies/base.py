@@ -51,6 +51,9 @@ class Strategy:
     #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
     #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
     supports_compile = False
+    #: `optimizer_step` is the plain `optimizer.step()` (through the precision plugin), which compile= may compile;
+    #: False where the backend steps its own way (DeepSpeed's engine, Horovod's synchronisation, XLA's step)
+    plain_optimizer_step = True
     #: the net's forward can take the targets (loss="model" passes them as labels=); False where the backend runs the
     #: net as a chain of one-input stages (a pipeline)
     forward_takes_targets = True
@@ -64,6 +67,11 @@ class Strategy:
     selection_note: str | None = None
     #: while a call runs: how many CPU threads each rank was given, for the summary line (None: left as they were)
     threads_note: str | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "optimizer_step" in vars(cls) and "plain_optimizer_step" not in vars(cls):
+            cls.plain_optimizer_step = False   # a backend's own step is never compiled past unless it says so
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")

@@ -78,6 +78,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
 
     handles_accumulation = True
     handles_clipping = True
+    plain_optimizer_step = False   # the engine steps
 
     def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  allgather_bucket_size: float | None = None, reduce_bucket_size: float | None = None,

@@ -25,6 +25,7 @@ class HorovodStrategy(DataParallelShares, Strategy):
     """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16."""
 
     name = "horovod"
+    plain_optimizer_step = False   # synchronises the gradients first
 
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,

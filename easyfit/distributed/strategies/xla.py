@@ -64,6 +64,7 @@ class XLAStrategy(Strategy):
     """One XLA device in this process (devices=1), or one process per device of this host (torch_xla.launch)."""
 
     name = "xla"
+    plain_optimizer_step = False   # xm.optimizer_step, which reduces the gradients
     uses_launcher_processes = False
     sums_losses_per_step = True
 
