@@ -3,7 +3,8 @@
 The path is the chain of easyfit calls on the stack at the first `optimizer.step()` (the spine), with, before each
 spine call, the calls its caller made into other easyfit modules (the steps it took on the way; helpers of
 `easyfit/utils/` left out). Printed as a numbered list (docs/architecture.md keeps it), then the counts: the main
-modules passed, and the calls into a module the path had already left (a doubling back).
+modules passed, the calls into a module the path had already left (a doubling back), and the entries into such a
+module by a call or a return alike.
 
     python scripts/fit_path.py            # the list and the counts
     python scripts/fit_path.py --counts   # the counts alone
@@ -100,13 +101,15 @@ def path(recorder: Recorder) -> list[tuple[str, str, bool]]:
     return merged
 
 
-def counts(steps: list[tuple[str, str, bool]]) -> tuple[int, int]:
-    """(main modules passed, calls into a module the path had already left)."""
-    left, doubled = set(), 0
+def counts(steps: list[tuple[str, str, bool]]) -> tuple[int, int, int]:
+    """(main modules passed, calls into a module the way had already left, entries into such a module by a call or
+    a return alike)."""
+    left, doubled, revisits = set(), 0, 0
     for (previous, _, _), (module, _, by_call) in zip(steps, steps[1:]):
         left.add(previous)
         doubled += by_call and module in left
-    return len({module for module, _, _ in steps}), doubled
+        revisits += module in left
+    return len({module for module, _, _ in steps}), doubled, revisits
 
 
 def record() -> Recorder | None:
@@ -130,8 +133,8 @@ def main() -> None:
         for number, (module, function, by_call) in enumerate(steps, 1):
             print(f"{number}. `{module}` {function}" if by_call else f"{number}. back in `{module}`")
         print(f"{len(steps) + 1}. `optimizer.step()`")
-    modules, doubled = counts(steps)
-    print(f"modules {modules} doubling back {doubled}")
+    modules, doubled, revisits = counts(steps)
+    print(f"modules {modules} doubling back {doubled} returns included {revisits}")
 
 
 if __name__ == "__main__":
