@@ -1,12 +1,14 @@
 """The strategy classes, for `fit(strategy=...)` with options: `easyfit.strategies.DDP(find_unused_parameters=True)`.
 
-Each class is imported on first use, so naming a backend here never imports its optional package.
+Each class is imported on first use, so naming a backend here never imports its optional package. `FitState` is the
+base of what one fit of a strategy of your own holds (docs/strategies.md, "Writing your own").
 """
 from __future__ import annotations
 
+from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.registry import classes, register
 
-__all__ = [*classes(), "register"]
+__all__ = [*classes(), "FitState", "register"]
 
 
 def __getattr__(name: str):
@@ -18,4 +20,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return [*classes(), "register"]
+    return [*classes(), "FitState", "register"]

@@ -12,13 +12,21 @@ no synchronisation (a gradient-accumulation micro-step).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import easyfit
-from easyfit.strategies import ParallelStrategy
+from easyfit.strategies import FitState, ParallelStrategy
+
+
+@dataclass
+class AllReduceFit(FitState):
+    """What one fit holds on a rank: the parameters whose gradients are averaged, and whether this step averages."""
+    trained_parameters: list
+    synchronise: bool = True
 
 
 class AllReduceStrategy(ParallelStrategy):
@@ -26,22 +34,18 @@ class AllReduceStrategy(ParallelStrategy):
 
     name = "allreduce"
 
-    def __init__(self, **options):
-        super().__init__(**options)
-        self.synchronise = True
-
     def setup(self, net, optimizer, scheduler=None):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)   # moves the net to this rank's device
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        self.trained_parameters = [p for p in net.parameters() if p.requires_grad]
+        self.fit_state = AllReduceFit([p for p in net.parameters() if p.requires_grad])
         return net, optimizer, scheduler
 
     def backward(self, loss, precision):
         super().backward(loss, precision)
-        if not self.synchronise:
+        if not self.fit_state.synchronise:
             return
-        for param in self.trained_parameters:
+        for param in self.fit_state.trained_parameters:
             if param.grad is None:   # unused in this step: a zero gradient keeps every rank's reduce in step
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)
@@ -49,11 +53,11 @@ class AllReduceStrategy(ParallelStrategy):
 
     @contextlib.contextmanager
     def no_sync(self, net):
-        self.synchronise = False
+        self.fit_state.synchronise = False
         try:
             yield
         finally:
-            self.synchronise = True
+            self.fit_state.synchronise = True
 
 
 easyfit.strategies.register(AllReduceStrategy)   # fit(strategy="allreduce"), as the built-in names

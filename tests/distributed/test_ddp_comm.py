@@ -143,7 +143,7 @@ class GradientKinds(easyfit.callbacks.Callback):
         self.views = set()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.views |= {p.grad._base is not None for p in self.model.strategy._ddp_net.parameters()}
+        self.views |= {p.grad._base is not None for p in self.model.strategy.fit_state.wrapped.parameters()}
 
 
 @pytest.mark.parametrize("as_views", [True, False])

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from easyfit.distributed.environments import ClusterEnvironment
-from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.base import FitState, Strategy
 from easyfit.distributed.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
 DDP_IMPORT = "from easyfit.distributed.strategies.parallel import DDPStrategy"
@@ -78,6 +78,13 @@ def import_bagua(algorithm: str):
             f"{torch_equivalent(algorithm)} See docs/bagua.md.") from error
 
 
+@dataclass
+class BaguaFit(FitState):
+    """A Bagua fit: the net whose asynchronous averaging is aborted for an evaluation (None: running)."""
+
+    paused: torch.nn.Module | None = None
+
+
 class BaguaStrategy(ParallelStrategy):
     """Bagua data parallel. `algorithm` is one of ALGORITHMS; its options (e.g. `sync_interval_ms=100` for
     "async", `communication_interval=2` for "decentralized") are passed to Bagua's algorithm class. "qadam" needs the
@@ -97,7 +104,6 @@ class BaguaStrategy(ParallelStrategy):
         super().__init__(accelerator, parallel_devices, num_nodes, environment, "nccl", timeout)
         self.algorithm, self.algorithm_options = algorithm, options
         import_bagua(algorithm)   # fail here, before any process starts, with the explanation and the alternative
-        self._paused: torch.nn.Module | None = None   # the net whose asynchronous averaging is aborted for eval
 
     def check_call(self, call) -> None:
         if call.accelerator != "cuda":
@@ -127,6 +133,7 @@ class BaguaStrategy(ParallelStrategy):
         """`net.with_bagua([optimizer], algorithm)`: Bagua hooks into the net and the optimizer in place."""
         net, optimizer, scheduler = Strategy.setup(self, net, optimizer, scheduler)
         net = net.with_bagua([optimizer], self._make_algorithm(optimizer))
+        self.fit_state = BaguaFit()
         return net, optimizer, scheduler
 
     def _make_algorithm(self, optimizer: torch.optim.Optimizer):
@@ -146,24 +153,27 @@ class BaguaStrategy(ParallelStrategy):
 
     # --- the asynchronous algorithm pauses around evaluation -----------------------
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """Stop background averaging while evaluating, so every rank evaluates fixed weights."""
-        if self.algorithm == "async" and hasattr(net, "bagua_ddp") and self._paused is None:
+        """Stop background averaging while evaluating in a fit, so every rank evaluates fixed weights (after the fit
+        it is stopped already: `hand_back`)."""
+        fit = self.fit_state
+        if self.algorithm == "async" and hasattr(net, "bagua_ddp") and fit is not None and fit.paused is None:
             net.bagua_algorithm.abort(net)
-            self._paused = net
+            fit.paused = net
         return super().module_for_eval(net)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """The first step after an evaluation resumes the background averaging."""
-        if self._paused is not None:
-            self._paused.bagua_algorithm.resume(self._paused)
-            self._paused = None
+        fit = self.fit_state
+        if fit.paused is not None:
+            fit.paused.bagua_algorithm.resume(fit.paused)
+            fit.paused = None
         super().zero_grad(optimizer)
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         """The fit ended: stop the background averaging (Bagua asks for abort after training)."""
-        if self.algorithm == "async" and self._paused is None:
+        if self.algorithm == "async" and self.fit_state.paused is None:
             net.bagua_algorithm.abort(net)
-        self._paused = None
+        super().hand_back(user_net, user_optimizer, net, optimizer)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(algorithm={self.algorithm!r}, options={self.algorithm_options})"

@@ -4,11 +4,16 @@ A strategy owns the training objects (`setup` returns the net, optimizer and sch
 ends), their state (read and loaded on every rank: for a sharded backend these are collectives), the step
 (backward, optimizer step, zeroing, clipping, the no-sync context) and the collectives. The base class is a
 correct single-process backend, so a backend overrides only what it does differently.
+
+A strategy object is configuration (what the user and the connector set; it is pickled to spawned ranks). What one
+fit holds between `setup` and its end (the wrapped net, an engine, step flags) is the backend's `FitState`, kept in
+`strategy.fit_state` and dropped by `hand_back` and `teardown`.
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -31,10 +36,18 @@ def unwrap(net: torch.nn.Module) -> torch.nn.Module:
     return net.module if isinstance(net, WRAPPERS) else net
 
 
+@dataclass
+class FitState:
+    """What one fit holds on one rank, from `setup` to the fit's end; a backend subclasses it (a dataclass in its
+    module) with its own fields."""
+
+
 class Strategy:
     """One process's view of a backend. The base class is a correct single-process backend."""
 
     name = "single"
+    #: the running fit's state (the backend's FitState), set by `setup`; None outside a fit, and never pickled
+    fit_state: FitState | None = None
 
     # --- what the connector needs to know ---------------------------------------------
     #: its launcher always creates new local processes (spawn, fork), so it cannot join ranks a launcher started
@@ -111,9 +124,10 @@ class Strategy:
         self.__dict__.pop("_launcher", None)
 
     def __getstate__(self) -> dict:
-        """A copy sent to another process (a spawned rank) makes its own launcher there."""
+        """A copy sent to another process (a spawned rank) makes its own launcher there, and holds no fit."""
         state = self.__dict__.copy()
         state.pop("_launcher", None)
+        state.pop("fit_state", None)
         return state
 
     @property
@@ -175,7 +189,9 @@ class Strategy:
     def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
                   net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
-        state into the user's optimizer. Nothing to do when they were trained in place, as here."""
+        state into the user's optimizer (nothing to do when they were trained in place, as here); the fit state is
+        dropped. A backend's override ends with this one."""
+        self.fit_state = None
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """The module evaluate / predict run, on this process's device."""
@@ -187,7 +203,9 @@ class Strategy:
         return False
 
     def teardown(self) -> None:
-        """Release what `setup_environment` created."""
+        """Release what `setup_environment` created, and a fit state that a failed fit left (an override calls
+        this one)."""
+        self.fit_state = None
 
     def compile_context(self) -> contextlib.AbstractContextManager:
         """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""

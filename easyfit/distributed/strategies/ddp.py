@@ -6,15 +6,26 @@ launch such as torchrun or SLURM), "ddp_spawn" spawns fresh processes, "ddp_fork
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.parallel import ParallelStrategy
 from easyfit.distributed.strategy_parts.ddp_comm import CommOptions, configure_communication
 
 COMMUNICATION_KEY = "communication"   # the checkpoint's entry for every rank's communication hook state
+
+
+@dataclass
+class DDPFit(FitState):
+    """A DDP fit: the DistributedDataParallel net it trains, and its communication hook's state (None: no hook, or a
+    stateless one)."""
+
+    wrapped: DistributedDataParallel
+    hook_state: object | None
 
 
 class DDPStrategy(ParallelStrategy):
@@ -35,8 +46,6 @@ class DDPStrategy(ParallelStrategy):
         #: compressed gradients / local SGD (see ddp_comm); inactive by default
         self.communication = CommOptions(comm_hook, powersgd_rank, powersgd_start_step, model_averaging_period,
                                          model_averaging_warmup)
-        self._hook_state = None
-        self._ddp_net: DistributedDataParallel | None = None   # the net of the running fit
         self.start_method = start_method
         self.find_unused_parameters, self.sync_batchnorm = find_unused_parameters, sync_batchnorm
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -79,32 +88,40 @@ class DDPStrategy(ParallelStrategy):
         wrapped = DistributedDataParallel(net, device_ids=device_ids,
                                           find_unused_parameters=self.find_unused_parameters,
                                           gradient_as_bucket_view=self.gradient_as_bucket_view)
+        hook_state = None
         if self.communication.active:
-            optimizer, self._hook_state = configure_communication(wrapped, optimizer, self.communication)
-        self._ddp_net = wrapped
+            optimizer, hook_state = configure_communication(wrapped, optimizer, self.communication)
+        self.fit_state = DDPFit(wrapped, hook_state)
         return wrapped, optimizer, scheduler
+
+    def _ddp_fit(self) -> DDPFit | None:
+        """The running fit's DDP state; None outside a fit, or in a subclass's fit that trains without DDP's wrapper
+        (FSDP, DeepSpeed, FairScale)."""
+        return self.fit_state if isinstance(self.fit_state, DDPFit) else None
 
     def backward(self, loss: torch.Tensor, precision) -> None:
         """A parameter that got no gradient on this rank leaves DDP's all-reduce unfinished: raise DDP's error now,
         before another collective meets the peers' pending all-reduce (gloo then aborts the process)."""
         super().backward(loss, precision)
-        if self._ddp_net is not None and not self.find_unused_parameters:
-            self._ddp_net._check_reducer_finalized()
+        fit = self._ddp_fit()
+        if fit is not None and not self.find_unused_parameters:
+            fit.wrapped._check_reducer_finalized()
 
     def save_checkpoint(self, path: str, state: dict) -> None:
         """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the
         checkpoint too (PowerSGD's error feedback differs per rank), so a resume continues exactly."""
-        if self._hook_state is not None:
+        fit = self._ddp_fit()
+        if fit is not None and fit.hook_state is not None:
             states = [None] * self.world_size
-            dist.all_gather_object(states, self._hook_state.state_dict())
+            dist.all_gather_object(states, fit.hook_state.state_dict())
             state = {**state, COMMUNICATION_KEY: states}
         super().save_checkpoint(path, state)
 
     def load_checkpoint(self, path: str) -> dict:
         state = super().load_checkpoint(path)
-        saved = state.pop(COMMUNICATION_KEY, None)
-        if saved is not None and self._hook_state is not None and len(saved) == self.world_size:
-            self._hook_state.load_state_dict(saved[self.global_rank])
+        saved, fit = state.pop(COMMUNICATION_KEY, None), self._ddp_fit()
+        if saved is not None and fit is not None and fit.hook_state is not None and len(saved) == self.world_size:
+            fit.hook_state.load_state_dict(saved[self.global_rank])
         return state
 
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:

@@ -6,10 +6,12 @@ batch_size × num_nodes. Works on CPU too (one device per node), which is how it
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.parallel import ParallelStrategy
 from easyfit.parts.precision import Precision
 
@@ -30,17 +32,21 @@ def average_gradients(params: list[torch.Tensor], size: int, group=None) -> None
         grad.copy_(synced)
 
 
+@dataclass
+class DDP2Fit(FitState):
+    """A DDP2 fit: the parameters whose gradients are averaged, and whether this backward averages them (not in an
+    accumulation micro-step)."""
+
+    params: list[torch.nn.Parameter]
+    sync_gradients: bool = True
+
+
 class DDP2Strategy(ParallelStrategy):
     """Ranks are nodes. Parameters are broadcast from rank 0 at setup; gradients are averaged after each backward."""
 
     name = "ddp2"
     #: one process per node, started by hand, torchrun or SLURM; it uses the node's devices as asked
     uses_launcher_processes = False
-
-    def __init__(self, *args, **kwargs):
-        self._sync_gradients = True
-        self._params: list[torch.nn.Parameter] = []
-        super().__init__(*args, **kwargs)
 
     def configure(self, *args, **kwargs) -> None:
         super().configure(*args, **kwargs)
@@ -60,24 +66,25 @@ class DDP2Strategy(ParallelStrategy):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        self._params = [p for p in net.parameters() if p.requires_grad]
+        self.fit_state = DDP2Fit([p for p in net.parameters() if p.requires_grad])
         if len(self.node_devices) > 1:
             net = torch.nn.DataParallel(net, device_ids=[d.index for d in self.node_devices])
         return net, optimizer, scheduler
 
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:
         super().backward(loss, precision)
-        if self._sync_gradients:
+        if self.fit_state.sync_gradients:
             self._average_gradients()
 
     def _average_gradients(self) -> None:
         """All-reduce every gradient as one flat buffer, then divide by the number of nodes."""
-        average_gradients(self._params, self.world_size)
+        average_gradients(self.fit_state.params, self.world_size)
 
     @contextlib.contextmanager
     def no_sync(self, net: torch.nn.Module):
-        self._sync_gradients = False
+        fit = self.fit_state
+        fit.sync_gradients = False
         try:
             yield
         finally:
-            self._sync_gradients = True
+            fit.sync_gradients = True

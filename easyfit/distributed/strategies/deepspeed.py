@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
@@ -59,6 +60,21 @@ def cast_inputs(module: torch.nn.Module, dtype: torch.dtype) -> None:
     module.register_forward_pre_hook(lambda _, args, kwargs: (cast(args), cast(kwargs)), with_kwargs=True)
 
 
+@dataclass
+class DeepSpeedFit(ShardedFit):
+    """A DeepSpeed fit: the engine and the optimizer it steps (ShardedFit's), the user's net and its parameter names,
+    the engine's state in full, plain form, the plain modules of a net built under module_construction() (None for
+    a copy), the summary line's note on the buckets, and whether the coming backward is an accumulation micro-step."""
+
+    engine: object
+    user_net: torch.nn.Module
+    names: list[str]
+    full_state: FullState
+    layout: zero_init.Layout | None
+    sizing_note: str
+    accumulating: bool = False
+
+
 class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
     """strategy="deepspeed" (ZeRO stage 2) and the "deepspeed_stage_*" names; `easyfit.strategies.DeepSpeed`.
 
@@ -96,13 +112,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         self.user_config = read_config(config)
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
         self.name = "deepspeed"
-        self.settings = None
-        self._sizing_note: str | None = None
-        self.engine = self._optimizer = self._user_net = None
-        self._layout: zero_init.Layout | None = None   # the plain modules of a net built under module_construction()
-        self._accumulating = False
-        self._names: list[str] = []
-        self.full_state: FullState | None = None   # the engine's state in full, plain form (setup makes it)
+        self.settings = None   # the coming fit's (configure_training)
 
     # --- configuration --------------------------------------------------------------
     def configure_training(self, settings) -> None:
@@ -124,7 +134,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
                                self.user_config, pin_memory=self.accelerator == "cuda")
 
     def describe_setup(self) -> str | None:
-        return self._sizing_note
+        return None if self.fit_state is None else self.fit_state.sizing_note
 
     def check_precision(self, precision: str) -> None:
         if precision == "16-mixed" and self.accelerator == "cpu" and not cpu_supports_fp16():
@@ -162,10 +172,10 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         deepspeed = require("deepspeed", "deepspeed", self.name)
         num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
         config = self.config(num_params)
-        self._sizing_note = DeepSpeedConfig.describe(config)
+        sizing_note = DeepSpeedConfig.describe(config)
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
         trained = net if built else copy_to_train(net, optimizer, self.root_device)
-        self._layout = zero_init.layout(net) if built else None
+        layout = zero_init.layout(net) if built else None
         names = param_names(net, optimizer)
         own = dict(trained.named_parameters())
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -181,18 +191,23 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         stepping = client if client is not None else engine.basic_optimizer
         if low is not None:
             cast_inputs(engine.module, low)
-        self.engine, self._optimizer, self._user_net = engine, stepping, net
-        self._names = names
-        self.full_state = FullState(engine, [own[name] for name in names],
-                                    [len(group["params"]) for group in optimizer.param_groups], self)
-        return engine, self.take_over_optimizer(optimizer, stepping, scheduler), scheduler
+        full_state = FullState(engine, [own[name] for name in names],
+                               [len(group["params"]) for group in optimizer.param_groups], self)
+        self.fit_state = DeepSpeedFit(optimizer=stepping, scheduler=scheduler, engine=engine, user_net=net,
+                                      names=names, full_state=full_state, layout=layout, sizing_note=sizing_note)
+        return engine, self.take_over_optimizer(optimizer), scheduler
+
+    def _engine_fit(self, net: torch.nn.Module) -> DeepSpeedFit | None:
+        """The running fit's state when `net` is its engine; None for any other net (the user's, or outside fit)."""
+        fit = self.fit_state
+        return fit if fit is not None and net is fit.engine else None
 
     def full_optimizer_state(self, optimizer) -> dict:
-        return self.full_state.optimizer_state(optimizer)
+        return self.fit_state.full_state.optimizer_state(optimizer)
 
     def hand_back_weights(self, user_net, user_optimizer, net) -> None:
-        full = self.full_state.module_state()
-        if self._layout is not None:   # the user's net is the engine's: made a plain module with the full weights
+        full = self.fit_state.full_state.module_state()
+        if self.fit_state.layout is not None:   # the user's net is the engine's: made plain with the full weights
             self._release_built_net(user_net, user_optimizer, full)
         else:
             load_on_device(user_net, full, self.root_device)
@@ -201,29 +216,29 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         """The engine lets go of the net built under module_construction(), which becomes a plain module holding
         the full weights; the user's optimizer follows its new parameters."""
         fresh = zero_init.fresh_parameters(user_net, full, self.root_device)
-        self.engine.destroy()   # its hooks off the modules
-        zero_init.make_plain(user_net, self._layout, fresh)
+        self.fit_state.engine.destroy()   # its hooks off the modules
+        zero_init.make_plain(user_net, self.fit_state.layout, fresh)
         zero_init.repoint_optimizer(user_optimizer, fresh)
-        self.engine = self._layout = None
 
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
         """Stage 3 with hand_back=False (a net too big to gather): nothing is ever gathered, the first-batch check
-        and validation run the engine, every rank in step."""
-        return net is self.engine and self.stage == 3 and not self.gather_at_end
+        and validation run the engine of the running fit, every rank in step."""
+        return self._engine_fit(net) is not None and self.stage == 3 and not self.gather_at_end
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
         ranks may get different numbers of evaluation batches, and a ZeRO-3 forward would wait for the others at
         every layer. (A net built under module_construction() is the engine's own: the copy is made from it.)
         Stage 3 with hand_back=False runs the engine itself (`forward_in_lockstep`)."""
+        fit = self._engine_fit(net)
+        if fit is None:
+            return super().module_for_eval(net)
         if self.forward_in_lockstep(net):
             return net
-        if net is not self.engine:
-            return super().module_for_eval(net)
-        full = self.full_state.module_state()
-        if self._layout is None:
-            return plain_on_device(self._user_net, full, self.root_device)
-        return zero_init.plain_copy(self._user_net, self._layout, full, self.root_device)
+        full = fit.full_state.module_state()
+        if fit.layout is None:
+            return plain_on_device(fit.user_net, full, self.root_device)
+        return zero_init.plain_copy(fit.user_net, fit.layout, full, self.root_device)
 
     # --- the step -------------------------------------------------------------------
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
@@ -233,74 +248,80 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
 
     @contextlib.contextmanager
     def _micro_step(self):
-        self._accumulating = True
+        fit = self.fit_state
+        fit.accumulating = True
         try:
             yield
         finally:
-            self._accumulating = False
+            fit.accumulating = False
 
     def backward(self, loss: torch.Tensor, precision: Precision) -> None:
-        self.engine.set_gradient_accumulation_boundary(not self._accumulating)
-        self.engine.backward(loss)
+        fit = self.fit_state
+        fit.engine.set_gradient_accumulation_boundary(not fit.accumulating)
+        fit.engine.backward(loss)
 
     def optimizer_step(self, optimizer, precision: Precision) -> None:
-        self.engine.step()
+        self.fit_state.engine.step()
 
     def zero_grad(self, optimizer) -> None:
         """The engine zeroes gradients after each of its steps."""
 
     # --- state ----------------------------------------------------------------------
     def module_state(self, net: torch.nn.Module) -> dict:
-        if net is not self.engine:
+        fit = self._engine_fit(net)
+        if fit is None:
             return super().module_state(net)
-        return {} if self.state_dict_type == "sharded" else self.full_state.module_state()
+        return {} if self.state_dict_type == "sharded" else fit.full_state.module_state()
 
     def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
         """The fp32 weights the engine's optimizer steps (which its state and evaluation copy are read from), this
         rank's part of each parameter: its ZeRO-3 partition, or under stages 1 and 2 its fragment of the flat
         partition (an empty view where this rank holds none of it)."""
-        if net is not self.engine:
+        if self._engine_fit(net) is None:
             return super().local_tensors(net, buffers)
         own = [_local_fp32(param) for param in net.module.parameters()]
         return own + super().local_tensors(net.module, buffers)[len(own):]
 
     def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
-        if net is not self.engine:
+        fit = self._engine_fit(net)
+        if fit is None:
             return super().load_module_state(net, state)
         if state:   # else a sharded checkpoint: the engine loaded its partitions itself
-            self.full_state.load_module_state(state)
+            fit.full_state.load_module_state(state)
 
     def optimizer_state(self, optimizer) -> dict:
-        if optimizer is not self._optimizer:
+        if not self.trains(optimizer):
             return super().optimizer_state(optimizer)
-        return {} if self.state_dict_type == "sharded" else self.full_state.optimizer_state(optimizer)
+        return {} if self.state_dict_type == "sharded" else self.fit_state.full_state.optimizer_state(optimizer)
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
-        if optimizer is not self._optimizer:
+        if not self.trains(optimizer):
             return super().load_optimizer_state(optimizer, state)
         if state:   # else a sharded checkpoint: the engine loaded its partitions itself
-            self.full_state.load_optimizer_state(optimizer, state)
+            self.fit_state.full_state.load_optimizer_state(optimizer, state)
 
     # --- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, path: str, state: dict) -> None:
         """"full": one file written by rank 0. "sharded": DeepSpeed's directory (each rank its partitions), with the
         rest of the state in its client state."""
-        if self.state_dict_type == "full" or self.engine is None:
+        fit = self.fit_state
+        if self.state_dict_type == "full" or fit is None:
             return super().save_checkpoint(path, state)
         rest = without_weights(state)
         # what easyfit.saving.convert needs to write the optimizer state in the plain optimizer's form
-        rest.update(param_names=self._names, param_groups=self.full_state.plain_groups(self._optimizer))
-        self.engine.save_checkpoint(path, tag="checkpoint",
-                                    client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
+        rest.update(param_names=fit.names, param_groups=fit.full_state.plain_groups(fit.optimizer))
+        fit.engine.save_checkpoint(path, tag="checkpoint",
+                                   client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
 
     def load_checkpoint(self, path: str) -> dict:
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
-        if self.engine is None:
+        fit = self.fit_state
+        if fit is None:
             raise directory_outside_fit(path, "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it")
         check_deepspeed_folder(os.path.join(path, "checkpoint"))   # DeepSpeed unpickles: checked as data first
-        _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
-                                                      load_optimizer_states=True, load_lr_scheduler_states=False)
+        _, client_state = fit.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
+                                                     load_optimizer_states=True, load_lr_scheduler_states=False)
         rest = {key: value for key, value in client_state[DEEPSPEED_CLIENT_KEY].items()
                 if key not in ("param_names", "param_groups")}
         return {**rest, "net": {}, "optimizer": {}}

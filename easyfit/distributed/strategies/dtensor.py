@@ -9,6 +9,7 @@ format is "sharded": a torch.distributed.checkpoint directory each rank writes i
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -16,7 +17,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts import sharding
 from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
@@ -79,6 +80,16 @@ def holds_dtensors(net: torch.nn.Module) -> bool:
     return any(isinstance(param, DTensor) for param in net.parameters())
 
 
+@dataclass
+class DTensorFit(ShardedFit):
+    """A DTensor fit: the optimizer rebuilt over the sharded copy (ShardedFit's), the user's net, the sharded copy
+    it trains, and the user's parameter names."""
+
+    user_net: torch.nn.Module
+    sharded: torch.nn.Module
+    names: list[str]
+
+
 class DTensorStrategy(ShardedTraining, DDPStrategy):
     """The contract for a copy of the user's net whose parameters are DTensors on a device mesh.
 
@@ -99,8 +110,6 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
         if state_dict_type not in STATE_FORMATS:
             raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
         self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
-        self._user_net = self._sharded = self._optimizer = None
-        self._names: list[str] = []
 
     @property
     def supports_compile(self) -> bool:
@@ -114,7 +123,7 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
         raise NotImplementedError
 
     def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
-        """Turn the training copy's parameters into DTensors on `mesh`, in place."""
+        """Turn the training copy's parameters into DTensors on `mesh`, in place (before the fit state exists)."""
         raise NotImplementedError
 
     def training_copy(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
@@ -123,15 +132,13 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
 
     # --- life -----------------------------------------------------------------------
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        self._user_net = net
         sharded = self.training_copy(net, optimizer)
         self.shard(sharded, self.build_mesh())
-        new_params = dict(sharded.named_parameters())
-        names = dict(zip(map(id, optimizer_params(optimizer)), param_names(net, optimizer)))
-        rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[names[id(p)]])
-        self._sharded, self._optimizer = sharded, rebuilt
-        self._names = param_names(net, optimizer)
-        return sharded, self.take_over_optimizer(optimizer, rebuilt, scheduler), scheduler
+        new_params, names = dict(sharded.named_parameters()), param_names(net, optimizer)
+        by_id = dict(zip(map(id, optimizer_params(optimizer)), names))
+        rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[by_id[id(p)]])
+        self.fit_state = DTensorFit(optimizer=rebuilt, scheduler=scheduler, user_net=net, sharded=sharded, names=names)
+        return sharded, self.take_over_optimizer(optimizer), scheduler
 
     def hand_back_weights(self, user_net, user_optimizer, net) -> None:
         self.load_full_weights(user_net, self._full_module_state(net))
@@ -147,7 +154,7 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
 
     def eval_source(self) -> torch.nn.Module:
         """The module whose plain copy validation runs: the user's net."""
-        return self._user_net
+        return self.fit_state.user_net
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
@@ -183,7 +190,7 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         if self.state_dict_type == "sharded":   # keyed by parameter name, each rank its slices
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-            return get_optimizer_state_dict(self._sharded, optimizer)
+            return get_optimizer_state_dict(self.fit_state.sharded, optimizer)
         return self.full_optimizer_state(optimizer)
 
     def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
@@ -194,7 +201,7 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         if any(isinstance(key, str) for key in state["state"]):   # the sharded, name-keyed form
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-            return set_optimizer_state_dict(self._sharded, optimizer, state)
+            return set_optimizer_state_dict(self.fit_state.sharded, optimizer, state)
         params = optimizer_params(optimizer)
         entries = {index: {key: shard_like(value, params[index]) for key, value in entry.items()}
                    for index, entry in state["state"].items()}
@@ -204,27 +211,28 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
     def save_checkpoint(self, path: str, state: dict) -> None:
         """"full": one file written by rank 0. "sharded": a torch.distributed.checkpoint directory of the net's and
         optimizer's shards (every rank writes its own) plus the rest of the state in FSDP_META_FILE."""
-        if self.state_dict_type == "full" or self._sharded is None:
+        fit = self.fit_state
+        if self.state_dict_type == "full" or fit is None:
             return super().save_checkpoint(path, state)
         import torch.distributed.checkpoint as dcp
         dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
         if self.is_global_zero:
             save_checkpoint_file(os.path.join(path, FSDP_META_FILE),
-                                 {**without_weights(state), "param_names": self._names})
+                                 {**without_weights(state), "param_names": fit.names})
         self.barrier()
 
     def load_checkpoint(self, path: str) -> dict:
         """Either format; a sharded directory may be loaded on another number of processes (it is re-sliced)."""
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
-        if self._sharded is None:
+        fit = self.fit_state
+        if fit is None:
             raise directory_outside_fit(path, "sharded", f"strategy={self.name!r}")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")
         check_dcp_folder(path)   # torch unpickles its metadata: checked as data first
         rest.pop("param_names")
-        template = {"net": self._sharded.state_dict(), "optimizer": get_optimizer_state_dict(self._sharded,
-                                                                                              self._optimizer)}
+        template = {"net": fit.sharded.state_dict(), "optimizer": get_optimizer_state_dict(fit.sharded, fit.optimizer)}
         dcp.load(template, checkpoint_id=path)
         return {**rest, **template}

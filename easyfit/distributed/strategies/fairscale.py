@@ -3,11 +3,20 @@ the rank that owns it. (FairScale's own FullyShardedDataParallel needs CUDA stre
 device use strategy="fsdp".)"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped, require
+
+
+@dataclass
+class FairScaleFit(ShardedFit):
+    """A FairScale fit: its OSS optimizer (ShardedFit's) and the ShardedDataParallel net it trains."""
+
+    wrapped: torch.nn.Module | None
 
 
 class ShardedStrategy(ShardedTraining, DDPStrategy):
@@ -18,8 +27,7 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
     def __init__(self, *args, start_method: str = "popen", **kwargs):
         super().__init__(*args, start_method=start_method, **kwargs)
         self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"
-        self._wrapped = None
-        self._precision_name = "32"
+        self._precision_name = "32"   # the coming fit's (configure_training)
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         if self._precision_name == "16-mixed":
@@ -30,8 +38,9 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
         net.to(self.root_device)
         cls = type(optimizer)
         sharded = oss.OSS(regrouped(optimizer, lambda p: p), optim=cls, **constructor_defaults(cls, optimizer.defaults))
-        self._wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer, sharded, scheduler))
-        return self._wrapped, sharded, scheduler
+        fit = self.fit_state = FairScaleFit(optimizer=sharded, scheduler=scheduler, wrapped=None)
+        fit.wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer))   # once it took over
+        return fit.wrapped, sharded, scheduler
 
     def configure_training(self, settings) -> None:
         self._precision_name = settings.precision
@@ -39,7 +48,7 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """ShardedDataParallel keeps gradients in reduce buckets: they are zeroed through it (the optimizer's
         zero_grad(set_to_none=True) would detach them from the buckets and train wrongly, silently)."""
-        self._wrapped.zero_grad(set_to_none=True)
+        self.fit_state.wrapped.zero_grad(set_to_none=True)
 
     def no_sync(self, net: torch.nn.Module):
         return net.no_sync()
@@ -50,7 +59,8 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
         optimizer.clip_grad_norm(max_norm)
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        return (net.module if net is self._wrapped else net).to(self.root_device)
+        fit = self.fit_state
+        return (net.module if fit is not None and net is fit.wrapped else net).to(self.root_device)
 
     def module_state(self, net: torch.nn.Module) -> dict:
         return self.module_for_eval(net).state_dict()

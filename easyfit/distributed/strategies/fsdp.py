@@ -76,7 +76,7 @@ class FSDPStrategy(DTensorStrategy):
         super().__init__(*args, **kwargs)
         self.cpu_offload = cpu_offload
         self.name = "fsdp_cpu_offload" if cpu_offload else "fsdp"
-        self._precision_name = "32"
+        self._precision_name = "32"   # the coming fit's (configure_training)
 
     # --- precision ------------------------------------------------------------------
     def precision_plugin(self, current: Precision, requested) -> Precision:
@@ -116,8 +116,8 @@ class FSDPStrategy(DTensorStrategy):
         options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
         if self.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
-        on_meta = built_sharded(self._user_net) == META   # every rank initializes from rank 0's RNG state
-        fully_shard_net(net, options, self.broadcast(construction_rng(self._user_net)) if on_meta else None)
+        on_meta = built_sharded(net) == META   # a copy of a meta net: every rank initializes from rank 0's RNG state
+        fully_shard_net(net, options, self.broadcast(construction_rng(net)) if on_meta else None)
 
     def load_full_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
         if built_sharded(user_net) == META:   # built under module_construction(): materialized on the CPU
@@ -128,7 +128,7 @@ class FSDPStrategy(DTensorStrategy):
 
     def eval_source(self) -> torch.nn.Module:
         """A net built on the meta device stays there until the fit hands the weights back: a materialized copy."""
-        source = self._user_net
+        source = self.fit_state.user_net
         if built_sharded(source) == META:
             source = copy.deepcopy(source)
             materialize(source)

@@ -7,18 +7,28 @@ epoch loss, metric states, checkpoints) goes through Horovod's own.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from easyfit.distributed.collectives import HorovodCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
-from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.base import FitState, Strategy
 from easyfit.distributed.strategies.parallel import DataParallelShares
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
+
+
+@dataclass
+class HorovodFit(FitState):
+    """A Horovod fit: the user's optimizer (its state shared with the DistributedOptimizer), and whether this step's
+    gradients are all-reduced already (clipping waits for them)."""
+
+    user_optimizer: torch.optim.Optimizer
+    synchronized: bool = False
 
 
 class HorovodStrategy(DataParallelShares, Strategy):
@@ -34,9 +44,7 @@ class HorovodStrategy(DataParallelShares, Strategy):
             raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
         self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
         self.environment, self.compression, self.start_timeout = environment, compression, start_timeout
-        self.backward_passes_per_step = 1
-        self._user_optimizer: torch.optim.Optimizer | None = None
-        self._synchronized = False
+        self.backward_passes_per_step = 1   # the coming fit's (configure_training)
         self.cores = CoreShare()   # this rank's share of the CPU cores while a call runs
 
     def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
@@ -119,6 +127,7 @@ class HorovodStrategy(DataParallelShares, Strategy):
         return self.cores.note
 
     def teardown(self) -> None:
+        super().teardown()
         self.cores.restore()
 
     def configure_training(self, settings) -> None:
@@ -137,18 +146,18 @@ class HorovodStrategy(DataParallelShares, Strategy):
         wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
                                            backward_passes_per_step=self.backward_passes_per_step,
                                            compression=compression)
-        self._user_optimizer, self._synchronized = optimizer, False
+        self.fit_state = HorovodFit(optimizer)
         _share_state(optimizer, wrapped)
         return net, wrapped, scheduler
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         _share_state(optimizer, user_optimizer)
-        self._user_optimizer = None
+        super().hand_back(user_net, user_optimizer, net, optimizer)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
-        if self._user_optimizer is not None:
-            _share_state(optimizer, self._user_optimizer)
+        if self.fit_state is not None:
+            _share_state(optimizer, self.fit_state.user_optimizer)
 
     def load_checkpoint(self, path: str) -> dict:
         """Rank 0 reads the file and sends it to the others, so only rank 0's machine needs it."""
@@ -171,13 +180,15 @@ class HorovodStrategy(DataParallelShares, Strategy):
         self._synchronize(optimizer)
         with optimizer.skip_synchronize():
             precision.optimizer_step(optimizer)
-        self._synchronized = False
-        self._user_optimizer._opt_called = True   # an LR scheduler checks that its (the user's) optimizer stepped
+        fit = self.fit_state
+        fit.synchronized = False
+        fit.user_optimizer._opt_called = True   # an LR scheduler checks that its (the user's) optimizer stepped
 
     def _synchronize(self, optimizer) -> None:
-        if not self._synchronized:
+        fit = self.fit_state
+        if not fit.synchronized:
             optimizer.synchronize()
-            self._synchronized = True
+            fit.synchronized = True
 
     # --- collectives ----------------------------------------------------------------
     @property

@@ -189,6 +189,7 @@ class ParallelStrategy(DataParallelShares, Strategy):
 
     def teardown(self) -> None:
         """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        super().teardown()
         self.cores.restore()
         if self._group_ends_with_call():
             destroy_process_group()

@@ -9,6 +9,7 @@ file a plain nn.Sequential loads, and load onto any number of stages. See docs/p
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from torch import nn
 from easyfit.data.batches import interleave
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.parallel import ParallelStrategy, destroy_process_group
-from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategy_parts.pipeline_state import (
@@ -28,6 +29,19 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
 )
 from easyfit.distributed.strategy_parts.sharding import optimizer_params, rebuild_optimizer
 from easyfit.parts.precision import Precision
+
+
+@dataclass
+class PipelineFit(ShardedFit):
+    """A pipeline fit: the optimizer over this rank's stage parameters (ShardedFit's), each one's index in the user's
+    optimizer, the user's param groups (state dict form), the whole net's state dict keys in order, the parameters
+    whose gradients the replicas average, and whether this step averages them (not in an accumulation micro-step)."""
+
+    global_index: list[int]
+    user_groups: list[dict]
+    keys: list[str]
+    trained: list[torch.nn.Parameter]
+    synchronise: bool = True
 
 
 class PipelineStrategy(ShardedTraining, ParallelStrategy):
@@ -64,12 +78,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
             stages = len(balance) // self.chunks
         self.stages, self.microbatches = stages, microbatches
         self._groups, self._own_group = None, False
-        self._net = self._optimizer = None
-        self._global_index: list[int] = []   # each stage parameter's index in the user's optimizer
-        self._user_groups: list[dict] = []   # the user's optimizer's param groups (state dict form)
-        self._keys: list[str] = []   # the whole net's state dict keys, in order
         self._eval_nets: dict[int, PipelinedNet] = {}
-        self._synchronise = True
 
     # --- the mesh -------------------------------------------------------------------
     @property
@@ -162,12 +171,11 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         rebuilt = rebuild_optimizer(optimizer, lambda p: p)
         for group in rebuilt.param_groups:   # this stage's parameters only
             group["params"] = [p for p in group["params"] if id(p) in own]
-        self._global_index = [indices[id(p)] for p in optimizer_params(rebuilt)]
-        self._user_groups, self._keys = optimizer.state_dict()["param_groups"], list(net.state_dict())
-        self._net, self._optimizer = pipelined, rebuilt
-        self.take_over_optimizer(optimizer, rebuilt, scheduler)
-        self._trained = [p for p in pipelined.parameters() if p.requires_grad]
-        return pipelined, rebuilt, scheduler
+        self.fit_state = PipelineFit(optimizer=rebuilt, scheduler=scheduler,
+                                     global_index=[indices[id(p)] for p in optimizer_params(rebuilt)],
+                                     user_groups=optimizer.state_dict()["param_groups"], keys=list(net.state_dict()),
+                                     trained=[p for p in pipelined.parameters() if p.requires_grad])
+        return pipelined, self.take_over_optimizer(optimizer), scheduler
 
     def hand_back_weights(self, user_net, user_optimizer, net) -> None:
         """Every rank: the whole trained net (stage layers were trained in place, the others arrive from their
@@ -186,7 +194,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
     def training_step(self, net, inputs, target, step_fn, precision: Precision, divisor: int = 1):
         with precision.autocast():
             output, target, loss = net.train_batch(inputs, target, step_fn, divisor)
-        if self._synchronise:
+        if self.fit_state.synchronise:
             self._average_gradients()
         return output, target, self._share_loss(loss)
 
@@ -219,15 +227,16 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
     def _average_gradients(self) -> None:
         """Over the replicas of this rank's stage."""
         if self.batch_factor > 1:
-            average_gradients(self._trained, self.batch_factor, self._groups[1])
+            average_gradients(self.fit_state.trained, self.batch_factor, self._groups[1])
 
     @contextlib.contextmanager
     def no_sync(self, net):
-        self._synchronise = False
+        fit = self.fit_state
+        fit.synchronise = False
         try:
             yield
         finally:
-            self._synchronise = True
+            fit.synchronise = True
 
     def clip_gradients(self, net, optimizer, max_norm: float, precision: Precision) -> None:
         """Clip to a total norm over every stage's gradients (each replica holds the same, averaged ones)."""
@@ -247,7 +256,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         if not isinstance(net, PipelinedNet):
             return super().module_state(net)
         own = {key: value.detach().cpu() for layers in net.layers() for key, value in layers.state_dict().items()}
-        return merge_states(self._gather_pipeline(own), self._keys)
+        return merge_states(self._gather_pipeline(own), self.fit_state.keys)
 
     def load_module_state(self, net: nn.Module, state: dict) -> None:
         if not isinstance(net, PipelinedNet):
@@ -256,15 +265,16 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
             layers.load_state_dict({key: state[key] for key in layers.state_dict()})
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        if optimizer is not self._optimizer:
+        if not self.trains(optimizer):
             return super().optimizer_state(optimizer)
-        own = stage_optimizer_state(optimizer.state_dict(), self._global_index)
-        return full_optimizer_state(self._gather_pipeline(own), self._user_groups)
+        fit = self.fit_state
+        own = stage_optimizer_state(optimizer.state_dict(), fit.global_index)
+        return full_optimizer_state(self._gather_pipeline(own), fit.user_groups)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        if optimizer is not self._optimizer:
+        if not self.trains(optimizer):
             return super().load_optimizer_state(optimizer, state)
-        optimizer.load_state_dict(stage_part(state, self._global_index))
+        optimizer.load_state_dict(stage_part(state, self.fit_state.global_index))
 
     def _gather_pipeline(self, obj) -> list:
         """`obj` from every stage of this rank's pipeline."""

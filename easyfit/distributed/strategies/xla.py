@@ -14,13 +14,14 @@ import copy
 import importlib.metadata
 import os
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from easyfit.data.contents import move_to_device
 from easyfit.distributed.collectives import XlaCollectives
-from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.base import FitState, Strategy
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -60,6 +61,16 @@ def on_xla_cpu() -> bool:
     return os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
 
 
+@dataclass
+class XLAFit(FitState):
+    """An XLA fit: the net and optimizer trained in place on the device (brought back to the CPU at its end), and
+    whether this step's gradients were averaged already (before clipping)."""
+
+    net: torch.nn.Module
+    optimizer: Any
+    reduced: bool = False
+
+
 class XLAStrategy(Strategy):
     """One XLA device in this process (devices=1), or one process per device of this host (torch_xla.launch)."""
 
@@ -74,9 +85,8 @@ class XLAStrategy(Strategy):
         self.all_devices = False   # launch one process per device of this host (set by configure)
         self.device_count: int | None = None   # the number of devices the call asked for (None: every one)
         self.running = False   # this process holds its XLA device (setup_environment ran)
-        self._trained: tuple[torch.nn.Module, Any] | None = None   # what teardown brings back to the CPU
-        self._eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None   # (net, its copy on the device)
-        self._reduced = False   # the gradients of this step were averaged already (before clipping)
+        #: an evaluate / predict call's (net, its copy on the device), dropped at the call's end (no fit holds one)
+        self._eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None
 
     def configure(self, accelerator: str = "tpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment=None, process_group_backend: str | None = None) -> None:
@@ -152,7 +162,7 @@ class XLAStrategy(Strategy):
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         move(net, optimizer, self.root_device)
-        self._trained = (net, optimizer)
+        self.fit_state = XLAFit(net, optimizer)
         return net, optimizer, scheduler
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
@@ -168,14 +178,16 @@ class XLAStrategy(Strategy):
                   net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
         back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
-        if self._trained is not None:
-            move(*self._trained, CPU)
-        self._trained = None
+        fit = self.fit_state
+        if fit is not None:
+            move(fit.net, fit.optimizer, CPU)
+        super().hand_back(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:
         """A fit that failed leaves the net on the CPU too."""
         self.hand_back(None, None, None, None)
         self._eval_copy = None
+        super().teardown()
 
     # --- data -----------------------------------------------------------------------
     @property
@@ -222,16 +234,17 @@ class XLAStrategy(Strategy):
         import torch_xla.core.xla_model as xm
         xm.reduce_gradients(optimizer)
         super().clip_gradients(net, optimizer, max_norm, precision)
-        self._reduced = True
+        self.fit_state.reduced = True
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
         """The replicas' gradients averaged, then the optimizer's step (the parallel loader syncs the graph)."""
         import torch_xla.core.xla_model as xm
-        if self._reduced:
+        fit = self.fit_state
+        if fit.reduced:
             optimizer.step()
         else:
             xm.optimizer_step(optimizer)
-        self._reduced = False
+        fit.reduced = False
 
     # --- collectives ----------------------------------------------------------------
     @property

@@ -2,12 +2,19 @@
 only its share of the optimizer state (the user's optimizer class, hyper-parameters and param groups kept)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedTraining
+from easyfit.distributed.strategies.ddp import DDPFit, DDPStrategy
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped
+
+
+@dataclass
+class ZeroFit(ShardedFit, DDPFit):
+    """A ZeRO fit: DDP's (the wrapped net, the hook state) and the ZeroRedundancyOptimizer it trains with."""
 
 
 class ZeroStrategy(ShardedTraining, DDPStrategy):
@@ -24,7 +31,9 @@ class ZeroStrategy(ShardedTraining, DDPStrategy):
         cls = type(optimizer)
         sharded = ZeroRedundancyOptimizer(regrouped(optimizer, lambda p: p), optimizer_class=cls,
                                           **constructor_defaults(cls, optimizer.defaults))
-        return net, self.take_over_optimizer(optimizer, sharded, scheduler), scheduler
+        ddp = self.fit_state
+        self.fit_state = ZeroFit(wrapped=ddp.wrapped, hook_state=ddp.hook_state, optimizer=sharded, scheduler=scheduler)
+        return net, self.take_over_optimizer(optimizer), scheduler
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """The full state in the plain optimizer's format, on every rank (gathered on rank 0, then broadcast)."""
