@@ -77,8 +77,9 @@ def property_reads() -> set:
 
 def _leads_on(call: Call, reads: set) -> bool:
     """Whether a call is a step of the way: not a property read, and it calls on into another module."""
-    return call.code not in reads and any(inner.module not in (call.module, *LEAVES) or _leads_on(inner, reads)
-                                          for inner in call.calls)
+    return call.code not in reads and any(
+        (inner.module not in (call.module, *LEAVES) and inner.code not in reads) or _leads_on(inner, reads)
+        for inner in call.calls)
 
 
 def path(recorder: Recorder) -> list[tuple[str, str, bool]]:

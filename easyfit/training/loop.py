@@ -87,16 +87,18 @@ class Loop:
         self.train_batches = None
         self.optimizer_steps = 0
         self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
-        # whole training steps as compiled programs (None: the step's parts are called one by one)
-        self.fused = None if self.optimizer is None else self.steps.fused(self)
-        self.compiled_optimizer_step = None if self.optimizer is None or self.fused is not None else \
-            self.steps.optimizer_step(self.optimizer, self.precision, strategy)
+        # set when `fit` starts: whole training steps as compiled programs (None: the step's parts are called one by
+        # one), else the optimizer step compiled on its own (None: eager)
+        self.fused = self.compiled_optimizer_step = None
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
             validation_freq: int = 1) -> None:
         callbacks, model = self.callbacks, self.model
         self.train_batches = train_batches
+        self.fused = self.steps.fused(self)
+        if self.fused is None:
+            self.compiled_optimizer_step = self.steps.optimizer_step(self.optimizer, self.precision, self.strategy)
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
