@@ -117,13 +117,12 @@ class RunOptions:
         return RunOptions(**{**self._values, **changes})
 
 
-def documented(defaults: dict, placement_only: bool = False) -> str:
+def documented(options: list[RunOption], defaults: dict, placement_only: bool = False) -> str:
     """The run options' part of a call's docstring, with the call's defaults."""
     lines = []
-    for option in OPTIONS:
-        if option.placement or not placement_only:
-            text = f"{option.name}: {option.doc} (default {defaults.get(option.name, option.default)!r})."
-            lines.append(textwrap.fill(text, 116, initial_indent=" " * 12, subsequent_indent=" " * 16))
+    for option in options:
+        text = f"{option.name}: {option.doc} (default {defaults[option.name]!r})."
+        lines.append(textwrap.fill(text, 116, initial_indent=" " * 12, subsequent_indent=" " * 16))
     title = "Placement options (where the ranks run)" if placement_only else \
         "Run options (every call takes them; where it runs and how)"
     return f"\n        {title}:\n" + "\n".join(lines) + "\n"
@@ -144,15 +143,13 @@ def takes_run_options(placement_only: bool = False, **defaults) -> Callable:
     def decorate(function: Callable) -> Callable:
         own = inspect.signature(function)
         own_parameters = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        names = option_names(placement_only)
-        function.run_option_defaults = {name: defaults.get(name, _default(name)) for name in names}
-        options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-                   for name, default in function.run_option_defaults.items()]
-        function.__signature__ = own.replace(parameters=own_parameters + options)
-        function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + documented(defaults, placement_only)
+        options = [option for option in OPTIONS if option.placement or not placement_only]
+        function.run_option_defaults = {option.name: defaults.get(option.name, option.default) for option in options}
+        parameters = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                      for name, default in function.run_option_defaults.items()]
+        function.__signature__ = own.replace(parameters=own_parameters + parameters)
+        function.__doc__ = ((function.__doc__ or "").rstrip() + "\n"
+                            + documented(options, function.run_option_defaults, placement_only))
         return function
     return decorate
 
-
-def _default(name: str):
-    return next(option.default for option in OPTIONS if option.name == name)
