@@ -1,7 +1,7 @@
 """The metrics' accumulated state in a mid-epoch checkpoint, and putting it back, so that a resumed epoch's metrics
 cover every batch of the epoch, those before the checkpoint included.
 
-Each rank's own, unsynchronised torchmetrics state is kept (the epoch's values are synchronised only when the epoch
+Each rank's own, unsynchronised metric state is kept (the epoch's values are synchronised only when the epoch
 ends), as checkpoint data: tensors, numbers, strings, lists and dicts. On the same number of processes every rank
 gets its own state back: exact. On another number, the ranks' states are merged into the new rank 0's where every
 state of the metric is reduced by sum, cat, max or min (all of easyfit's named metrics): exact too; a metric reduced
@@ -49,15 +49,15 @@ def restore(metrics: MetricSet, ranks: list[dict], rank: int, world_size: int, d
         metrics._build(Task(name, int(classes), outputs, bool(one_hot)), device)
     stateless = [name for name, metric in metrics.metrics.items() if not _has_state(metric)]
     if len(ranks) == world_size:
-        for name, saved in ranks[rank]["metrics"].items():
-            _load(metrics.metrics.get(name), saved)
-        return stateless
+        return stateless + [name for name, saved in ranks[rank]["metrics"].items()
+                            if name in metrics.metrics and name not in stateless
+                            and not _load(metrics.metrics[name], saved)]
     inexact = stateless
     for name, metric in metrics.metrics.items():
         states = [saved["metrics"][name] for saved in ranks if name in saved["metrics"]]
         if not states or not _has_state(metric):
             continue
-        merged = _merged(metric, states)
+        merged = _merged(metric, states) if all(_fits(metric, state) for state in states) else None
         if merged is None:
             inexact.append(name)
         elif rank == 0:   # the other ranks start the rest of the epoch with empty states
@@ -67,30 +67,57 @@ def restore(metrics: MetricSet, ranks: list[dict], rank: int, world_size: int, d
 
 def _merged(metric, states: list[dict]) -> dict | None:
     """One state holding the batches of every rank, or None when a state's reduction cannot merge them exactly."""
-    from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
     merged = {}
     for key, reduction in metric._reductions.items():
         values = [state["states"][key] for state in states]
-        if reduction is dim_zero_cat:
+        kind = _reduction_kind(reduction)
+        if kind == "cat":
             merged[key] = ([tensor for value in values for tensor in value] if isinstance(values[0], list)
                            else torch.cat([value.reshape(-1, *value.shape[1:]) for value in values]))
-        elif reduction in (dim_zero_sum, dim_zero_max, dim_zero_min):
-            merged[key] = reduction(torch.stack(values))
+        elif kind in MERGES:
+            merged[key] = MERGES[kind](torch.stack(values))
         else:
             return None
     return {"updates": sum(state["updates"] for state in states), "states": merged}
 
 
-def _load(metric, saved: dict | None) -> None:
-    if metric is None or saved is None or set(saved["states"]) != set(metric.metric_state):
-        return
+#: how states reduced by each kind are merged (a "cat" state is joined)
+MERGES = {"sum": lambda stacked: stacked.sum(0), "max": lambda stacked: stacked.max(0).values,
+          "min": lambda stacked: stacked.min(0).values}
+
+
+def _reduction_kind(reduction) -> str | None:
+    """"sum", "cat", "max" or "min" for easyfit's metrics (which name it) and torchmetrics' reduction functions;
+    None for any other reduction."""
+    if isinstance(reduction, str):
+        return reduction
+    module = getattr(reduction, "__module__", "") or ""
+    if module.startswith("torchmetrics"):   # torchmetrics is imported already: the metric is one of its objects
+        from torchmetrics.utilities import data
+        return {data.dim_zero_cat: "cat", data.dim_zero_sum: "sum", data.dim_zero_max: "max",
+                data.dim_zero_min: "min"}.get(reduction)
+    return None
+
+
+def _fits(metric, saved: dict) -> bool:
+    """Whether a saved state is one of this metric's (a checkpoint of another easyfit version may hold another
+    metric object's states under the same name)."""
+    return set(saved["states"]) == set(metric.metric_state)
+
+
+def _load(metric, saved: dict) -> bool:
+    """Put a saved state into the metric; False when it is not one of this metric's."""
+    if not _has_state(metric) or not _fits(metric, saved):
+        return False
     device = metric.device
     for key, value in saved["states"].items():
         setattr(metric, key, [tensor.to(device) for tensor in value] if isinstance(value, list) else value.to(device))
     metric._update_count = saved["updates"]
     metric._computed = None
+    return True
 
 
 def _has_state(metric) -> bool:
-    """A torchmetrics Metric (its states can be read and set); a duck-typed metric's state is its own."""
+    """A metric whose states can be read and set (easyfit's named metrics, a torchmetrics Metric); a duck-typed
+    metric's state is its own."""
     return hasattr(metric, "metric_state") and hasattr(metric, "_reductions")

@@ -1,6 +1,7 @@
-"""Metrics by name, mapped to torchmetrics objects built on the first batch (task and classes inferred).
+"""Metrics by name, built on the first batch as easyfit's own metric objects (`named_metrics`: task and classes
+inferred), and the user's torchmetrics objects beside them.
 
-Metric states are synchronised through the strategy's gather (torchmetrics' `dist_sync_fn`), so the values are
+Metric states are synchronised through the strategy's gather (the metric's `dist_sync_fn`), so the values are
 exact on any number of processes, with or without a torch process group.
 """
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from easyfit.parts import named_metrics
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, OUTPUTS, output_kind
 from easyfit.parts.outputs import prediction
 from easyfit.utils.checks import closest_name
 
-#: the named metrics take up to this many batches (and this many output elements) in one update: a torchmetrics
+#: the named metrics take up to this many batches (and this many output elements) in one update: a metric
 #: update costs tens of microseconds however small the batch, more than a small net's whole step
 WAIT_BATCHES, WAIT_ELEMENTS = 16, 1 << 20
 
@@ -47,11 +49,8 @@ class Task(NamedTuple):
         return output.clamp(0, 1)
 
 
-def _classification(metric_name: str, probabilities: bool = False, **extra) -> Callable:
+def _classification(build_metric: Callable, probabilities: bool = False, top_k: int = 1) -> Callable:
     def build(task: Task):
-        import torchmetrics
-        cls = getattr(torchmetrics, metric_name)
-        top_k = extra.get("top_k", 1)
         if top_k > 1 and task.name != "multiclass":
             raise ValueError(f"top{top_k}_accuracy needs a multiclass task (one output per class and class "
                              f"targets); this is a {task.name} task with {task.classes if task.name != 'binary' else 1}"
@@ -59,36 +58,39 @@ def _classification(metric_name: str, probabilities: bool = False, **extra) -> C
         if top_k > task.classes:
             raise ValueError(f"top{top_k}_accuracy needs a net with at least {top_k} outputs (one per class); "
                              f"this one has {task.classes}. Use 'accuracy' instead.")
-        if task.name == "binary":
-            return cls(task="binary", **extra)
-        if task.name == "multilabel":   # accuracy over every (sample, label) pair; the others macro over labels
-            return cls(task="multilabel", num_labels=task.classes, **{"average": "micro", **extra})
-        return cls(task="multiclass", num_classes=task.classes, **extra)
+        return build_metric(task)
     build.classification = True
     build.probabilities = probabilities   # whether it reads probabilities, not only the classes ranked first
     return build
 
 
-def _regression(metric_name: str, **extra) -> Callable:
+def _regression(build_metric: Callable) -> Callable:
     def build(task: Task):
-        import torchmetrics
-        return getattr(torchmetrics, metric_name)(**extra)
+        return build_metric()
     build.classification = False
     return build
 
 
+def _accuracy(top_k: int) -> Callable:
+    return _classification(lambda task: named_metrics.Accuracy(task.name, task.classes, top_k), top_k=top_k)
+
+
+def _class_counts(score: str) -> Callable:
+    return _classification(lambda task: named_metrics.ClassCounts(score, task.name, task.classes))
+
+
 METRICS: dict[str, Callable] = {
-    "accuracy": _classification("Accuracy"),
-    "top5_accuracy": _classification("Accuracy", top_k=5),
-    "top3_accuracy": _classification("Accuracy", top_k=3),
-    "f1": _classification("F1Score", average="macro"),
-    "precision": _classification("Precision", average="macro"),
-    "recall": _classification("Recall", average="macro"),
-    "auroc": _classification("AUROC", probabilities=True, average="macro"),
-    "mae": _regression("MeanAbsoluteError"),
-    "mse": _regression("MeanSquaredError"),
-    "rmse": _regression("MeanSquaredError", squared=False),
-    "r2": _regression("R2Score"),
+    "accuracy": _accuracy(1),
+    "top5_accuracy": _accuracy(5),
+    "top3_accuracy": _accuracy(3),
+    "f1": _class_counts("f1"),
+    "precision": _class_counts("precision"),
+    "recall": _class_counts("recall"),
+    "auroc": _classification(lambda task: named_metrics.AUROC(task.name, task.classes), probabilities=True),
+    "mae": _regression(lambda: named_metrics.MeanError(squared=False)),
+    "mse": _regression(lambda: named_metrics.MeanError(squared=True)),
+    "rmse": _regression(lambda: named_metrics.MeanError(squared=True, root=True)),
+    "r2": _regression(named_metrics.R2),
 }
 ALIASES = {"acc": "accuracy", "top_5_accuracy": "top5_accuracy", "f1_score": "f1", "auc": "auroc",
            "mean_absolute_error": "mae", "mean_squared_error": "mse"}
@@ -151,7 +153,7 @@ def _within_unit_interval(output: torch.Tensor) -> bool:
 
 
 class MetricSet:
-    """The metrics of a Model: names and torchmetrics objects, updated per batch, computed per epoch."""
+    """The metrics of a Model: names and metric objects, updated per batch, computed per epoch."""
 
     def __init__(self, metrics: Any, loss_fn: Any = None):
         self.loss_fn = loss_fn   # tells whether the outputs are logits or probabilities, and the task
@@ -161,7 +163,7 @@ class MetricSet:
             metrics = [metrics]
         items = metrics.items() if isinstance(metrics, dict) else ((None, m) for m in metrics)
         self.pending: dict[str, str] = {}   # log name -> METRICS key, built on the first batch
-        self.metrics: dict[str, Any] = {}   # log name -> torchmetrics.Metric
+        self.metrics: dict[str, Any] = {}   # log name -> a metric object (named_metrics, or the user's)
         self.names: list[str] = []   # log names in the order the metrics were given
         for name, metric in items:
             if isinstance(metric, str):
@@ -308,7 +310,7 @@ class MetricSet:
         metric.distributed_available_fn = _never
         try:
             return float(metric.compute())
-        finally:   # torchmetrics keeps a computed value until the next update: the epoch's own compute must sync
+        finally:   # a metric keeps its computed value until the next update: the epoch's own compute must sync
             metric.distributed_available_fn, metric._computed = available, None
 
     def reset(self) -> None:

@@ -1,6 +1,6 @@
-"""ddp_spawn's ranks start from a fork server (started once per caller, with torch, easyfit and torchmetrics
-imported), yet take what a freshly spawned process takes from the caller at each call: its environment variables and
-its standard output and error, not the ones the server had when it started."""
+"""ddp_spawn's ranks start from a fork server (started once per caller, with torch and easyfit imported), yet take
+what a freshly spawned process takes from the caller at each call: its environment variables and its standard output
+and error, not the ones the server had when it started."""
 from __future__ import annotations
 
 import multiprocessing

@@ -2,8 +2,9 @@
 state come back to the caller through a file.
 
 "ddp_spawn" starts its ranks from Python's fork server where the platform has one (Linux, macOS): a process started
-once per caller, which imports torch, easyfit and torchmetrics once; each rank is a fork of it, as clean as a spawned
-interpreter (it never ran the caller's code) without paying those imports again on every call (on 2 CPU cores: a
+once per caller, which imports torch and easyfit once (and torchmetrics, where the caller uses it); each rank is a
+fork of it, as clean as a spawned interpreter (it never ran the caller's code) without paying those imports again on
+every call (on 2 CPU cores: a
 2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the first call 8.9 s). A rank takes
 the caller's environment variables and standard output and error as they are at the call, not as they were when the
 server started (`CallerSide`)."""
@@ -34,9 +35,9 @@ from easyfit.distributed.pickling import check_picklable
 from easyfit.saving.checkpoint import save_file_atomically
 
 RESULT_FILE = "result.pt"
-#: what the fork server imports before it forks a rank: easyfit with torch, and torchmetrics, which a rank with
-#: named metrics imports (4 s on a 2-core machine: it loads its optional packages too)
-PRELOADED = ["easyfit", "torchmetrics"]
+#: what the fork server imports before it forks a rank: easyfit with torch, and torchmetrics where the caller has
+#: imported it (its metric objects then reach every rank; the import costs 3.5 s on a 2-core machine)
+PRELOADED = ["easyfit"]
 #: the file descriptors of standard output and error
 OUTPUTS = (1, 2)
 WATCH_INTERVAL = 0.1
@@ -109,7 +110,8 @@ def process_start(start_method: str) -> str:
     importing PRELOADED before it forks its first rank."""
     if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return start_method
-    multiprocessing.set_forkserver_preload(PRELOADED)   # read when the server starts: the first call
+    # read when the server starts: the first call
+    multiprocessing.set_forkserver_preload(PRELOADED + ["torchmetrics"] * ("torchmetrics" in sys.modules))
     return "forkserver"
 
 
