@@ -22,6 +22,7 @@ EXTRAS["dev"] = [
     "ruff>=0.5", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "tensorboard>=2.10",   # xdist: one worker a core
     "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
     "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0",   # the callbacks around the fit, tested for real
+    "torchmetrics>=1.0",   # a user's metric objects, and the numbers the named metrics are compared with
     *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too
 ]
 
@@ -33,6 +34,6 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["easyfit", "easyfit.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.1", "torchmetrics>=1.0", "tqdm>=4.60", "numpy"],
+    install_requires=["torch>=2.1", "tqdm>=4.60", "numpy"],
     extras_require=EXTRAS,
 )

@@ -1,8 +1,8 @@
 """The small nets (and a metric) the tests share (imported by conftest.py, the GPU tests and others)."""
 from __future__ import annotations
 
+import pytest
 import torch
-import torchmetrics
 from torch import nn
 
 
@@ -13,17 +13,22 @@ def tiny_net(in_features: int = 4, out_features: int = 3, seed: int = 0, dropout
     return nn.Sequential(*layers, nn.Linear(8, out_features))
 
 
-class MeanOfBatchMaxima(torchmetrics.Metric):
-    """A metric whose value depends on how the samples are batched: one batch of all samples would differ."""
+def mean_of_batch_maxima():
+    """A user's torchmetrics metric whose value depends on how the samples are batched (one batch of all samples
+    would differ); the calling test skips where torchmetrics is not installed (easyfit itself does not need it)."""
+    torchmetrics = pytest.importorskip("torchmetrics")
 
-    def __init__(self):
-        super().__init__()
-        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
-        self.add_state("batches", torch.tensor(0.0), dist_reduce_fx="sum")
+    class MeanOfBatchMaxima(torchmetrics.Metric):
+        def __init__(self):
+            super().__init__()
+            self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+            self.add_state("batches", torch.tensor(0.0), dist_reduce_fx="sum")
 
-    def update(self, output: torch.Tensor, target) -> None:
-        self.total += output.max()
-        self.batches += 1
+        def update(self, output: torch.Tensor, target) -> None:
+            self.total += output.max()
+            self.batches += 1
 
-    def compute(self) -> torch.Tensor:
-        return self.total / self.batches
+        def compute(self) -> torch.Tensor:
+            return self.total / self.batches
+
+    return MeanOfBatchMaxima()

@@ -231,7 +231,7 @@ def test_a_single_callback_is_accepted(make_net, classification):
 
 
 def test_a_metric_class_instead_of_an_instance(make_net):
-    import torchmetrics
+    torchmetrics = pytest.importorskip("torchmetrics")
     message = error_message(TypeError, easyfit.Model, make_net(), metrics=[torchmetrics.Accuracy])
     assert "metrics holds the class Accuracy; pass an instance" in message and "'accuracy'" in message
 

@@ -115,7 +115,7 @@ def test_the_quickstart_installs_only_what_the_examples_need_and_dev_tests_huggi
               for name, requirements in namespace["EXTRAS"].items()}
     assert extras["examples"] == {"scikit-learn", "matplotlib"}
     assert extras["hf"] == {"transformers", "datasets", "tokenizers"}
-    assert extras["examples"] | extras["hf"] | {"pytest", "pytest-xdist", "ruff"} <= extras["dev"]
+    assert extras["examples"] | extras["hf"] | {"pytest", "pytest-xdist", "ruff", "torchmetrics"} <= extras["dev"]
     # torchvision's wheels (and timm's, through it) are built for one torch build; beside another, such as the CPU
-    # one, their ops fail to load and take torchmetrics' import (so easyfit's) down with them
+    # one, their ops fail to load and take torchmetrics' import (so the tests') down with them
     assert not {"torchvision", "timm"} & set().union(*extras.values())

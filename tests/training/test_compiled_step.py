@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nets import MeanOfBatchMaxima
+from nets import mean_of_batch_maxima
 from torch import nn
 
 import easyfit
@@ -132,7 +132,7 @@ def test_metrics_per_call_equal_eager_ones(classification):
     object, whose value depends on the batching, sees them one by one: every value is eager's."""
     def run(compile):
         torch.manual_seed(1)
-        metrics = {"accuracy": "accuracy", "f1": "f1", "largest": MeanOfBatchMaxima()}
+        metrics = {"accuracy": "accuracy", "f1": "f1", "largest": mean_of_batch_maxima()}
         model = easyfit.Model(smooth_net(), "cross_entropy", "sgd", metrics=metrics, lr=0.1)
         history = model.fit(*classification, epochs=2, batch_size=16, validation_split=0.2, verbose=0,
                             compile=compile, **({"steps_per_execution": 3} if compile else {}))
