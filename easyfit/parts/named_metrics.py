@@ -56,7 +56,7 @@ class NamedMetric:
             state = getattr(self, name)
             if isinstance(state, list):
                 state.append(value)
-            else:   # not in place: a 0-d state becomes one per output column at a 2-D target's first batch
+            else:   # not in place: R2's one-element states become one per output column at a 2-D target
                 setattr(self, name, state + value)
         self._update_count += 1
         self._computed = None
