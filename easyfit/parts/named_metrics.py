@@ -125,9 +125,9 @@ class Classified(NamedMetric):
         self.task, self.classes = task, classes
         super().__init__()
 
-    def _labels(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decisions and the targets, checked: flat for binary, (samples, labels) for multilabel; multiclass
-        gives (samples, classes) scores and flat class indices."""
+    def _flat(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scores and the targets, checked: (samples, classes) scores and flat class indices (multiclass),
+        (samples, labels) scores and 0/1 targets (multilabel), or flat (binary)."""
         if self.task == "multiclass":
             scores = preds.movedim(1, -1).reshape(-1, preds.shape[1]) if preds.dim() > 2 else preds
             target = target.reshape(-1)
@@ -139,9 +139,8 @@ class Classified(NamedMetric):
         _check_same_shape(preds, target, "classification")
         _check_zero_one(target)
         if self.task == "multilabel":
-            return (preds.movedim(1, -1).reshape(-1, self.classes) > 0.5,
-                    target.movedim(1, -1).reshape(-1, self.classes).bool())
-        return preds.reshape(-1) > 0.5, target.reshape(-1).bool()
+            return preds.movedim(1, -1).reshape(-1, self.classes), target.movedim(1, -1).reshape(-1, self.classes)
+        return preds.reshape(-1), target.reshape(-1)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(task={self.task!r}, classes={self.classes})"
@@ -157,13 +156,13 @@ class Accuracy(Classified):
         super().__init__(task, classes)
 
     def _batch_state(self, preds, target):
-        decided, target = self._labels(preds, target)
+        scores, target = self._flat(preds, target)
         if self.task != "multiclass":
-            right = decided == target
+            right = (scores > 0.5) == target.bool()
         elif self.top_k == 1:
-            right = decided.argmax(1) == target
+            right = scores.argmax(1) == target
         else:
-            right = (decided.topk(self.top_k, dim=1).indices == target.unsqueeze(1)).any(1)
+            right = (scores.topk(self.top_k, dim=1).indices == target.unsqueeze(1)).any(1)
         return {"correct": right.sum(), "total": torch.tensor(right.numel(), device=right.device)}
 
     def _value(self, correct, total):
@@ -187,10 +186,12 @@ class ClassCounts(Classified):
         return () if self.task == "binary" else (self.classes,)
 
     def _batch_state(self, preds, target):
-        decided, target = self._labels(preds, target)
+        scores, target = self._flat(preds, target)
         if self.task == "multiclass":
-            decided = torch.nn.functional.one_hot(decided.argmax(1), self.classes).bool()
+            decided = torch.nn.functional.one_hot(scores.argmax(1), self.classes).bool()
             target = torch.nn.functional.one_hot(target.long(), self.classes).bool()
+        else:
+            decided, target = scores > 0.5, target.bool()
         return {"tp": (decided & target).sum(0), "fp": (decided & ~target).sum(0), "fn": (~decided & target).sum(0)}
 
     def _value(self, tp, fp, fn):
@@ -223,13 +224,7 @@ class AUROC(Classified):
         return torch.float32 if name == "scores" else torch.long
 
     def _batch_state(self, preds, target):
-        if self.task == "multiclass":
-            scores, target = self._labels(preds, target)
-        else:
-            _check_same_shape(preds, target, "classification")
-            _check_zero_one(target)
-            scores, target = (preds.movedim(1, -1).reshape(-1, self.classes), target.movedim(1, -1).reshape(
-                -1, self.classes)) if self.task == "multilabel" else (preds.reshape(-1), target.reshape(-1))
+        scores, target = self._flat(preds, target)
         return {"scores": scores.detach().float(), "labels": target.long()}
 
     def _value(self, scores, labels):
@@ -244,8 +239,8 @@ def _area(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The trapezoid area under the ROC curve of one column, a point per distinct score."""
     order = torch.argsort(scores, descending=True)
     scores, labels = scores[order], labels[order]
-    last_of_each_score = torch.cat([torch.where(scores[1:] != scores[:-1])[0],
-                                    torch.full((min(len(scores), 1),), len(scores) - 1, device=scores.device)])
+    last = torch.arange(len(scores), device=scores.device)[-1:]   # the last position (none without scores)
+    last_of_each_score = torch.cat([torch.where(scores[1:] != scores[:-1])[0], last])
     true_positives = labels.cumsum(0)[last_of_each_score]
     false_positives = 1 + last_of_each_score - true_positives
     rates = []

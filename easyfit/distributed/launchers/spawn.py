@@ -4,10 +4,9 @@ state come back to the caller through a file.
 "ddp_spawn" starts its ranks from Python's fork server where the platform has one (Linux, macOS): a process started
 once per caller, which imports torch and easyfit once (and torchmetrics, where the caller uses it); each rank is a
 fork of it, as clean as a spawned interpreter (it never ran the caller's code) without paying those imports again on
-every call (on 2 CPU cores: a
-2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the first call 8.9 s). A rank takes
-the caller's environment variables and standard output and error as they are at the call, not as they were when the
-server started (`CallerSide`)."""
+every call (on 2 CPU cores: a 2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the
+first call 8.9 s). A rank takes the caller's environment variables and standard output and error as they are at the
+call, not as they were when the server started (`CallerSide`)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -111,7 +110,7 @@ def process_start(start_method: str) -> str:
     if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return start_method
     # read when the server starts: the first call
-    multiprocessing.set_forkserver_preload(PRELOADED + ["torchmetrics"] * ("torchmetrics" in sys.modules))
+    multiprocessing.set_forkserver_preload(PRELOADED + (["torchmetrics"] if "torchmetrics" in sys.modules else []))
     return "forkserver"
 
 
