@@ -148,7 +148,7 @@ class Model(OnBatchCalls):
             fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
             steps_per_execution: with compile=, training steps per compiled call; "auto" (default) picks (api.md).
         """
-        run = RunOptions.given(run_options, self.fit)
+        run = RunOptions.given(run_options, "Model.fit")
         options = fit_options(locals())
         history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
@@ -167,7 +167,7 @@ class Model(OnBatchCalls):
             callbacks: Callback objects whose test hooks run (default none).
             return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, self.evaluate)
+        run = RunOptions.given(run_options, "Model.evaluate")
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         logs = self._dispatch("evaluate", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
@@ -185,7 +185,7 @@ class Model(OnBatchCalls):
             verbose: 0 (default) silent, 1 a progress bar.
             callbacks: Callback objects whose predict hooks run (default none).
         """
-        run = RunOptions.given(run_options, self.predict)
+        run = RunOptions.given(run_options, "Model.predict")
         check_positive_int(batch_size, "batch_size")
         check_verbose(verbose)
         outputs = self._dispatch("predict", run, x=x, y=None, batch_size=batch_size, verbose=verbose,

@@ -108,3 +108,20 @@ def test_the_run_options_are_checked_before_any_work():
         model.evaluate(x, y, replace_sampler="yes")
     with pytest.raises(ValueError, match="unknown precision 'bf17'"):
         model.predict(x, precision="bf17")
+
+
+def test_a_wrapper_put_around_a_call_without_functools_wraps_leaves_its_options_working(monkeypatch):
+    """A tool or a user that spies on Model.fit with a plain wrapper (a GPU check script did) keeps fit, its
+    defaults and its refusals as they were."""
+    fit, seen = easyfit.Model.fit, []
+
+    def spying_fit(self, *args, **kwargs):
+        seen.append(kwargs.get("epochs"))
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(easyfit.Model, "fit", spying_fit)
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    model = easyfit.Model(torch.nn.Linear(3, 1), "mse", "sgd")
+    assert len(model.fit(x, y, epochs=2, verbose=0, devices=1).history["loss"]) == 2 and seen == [2]
+    with pytest.raises(TypeError, match="Did you mean 'devices'"):
+        model.fit(x, y, verbose=0, device=1)

@@ -23,7 +23,7 @@ def launch(*, max_restarts: int = 0, **run_options):
     """
     if not (type(max_restarts) is int and max_restarts >= 0):
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
-    run = RunOptions.given(run_options, launch)
+    run = RunOptions.given(run_options, "launch")
     chosen = connect(**run.placement())
     if chosen.starts_processes:
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "

@@ -102,12 +102,15 @@ class RunOptions:
         return dict(self._values)
 
     @classmethod
-    def given(cls, keywords: dict, call: Callable) -> RunOptions:
-        """The run options of a call (`takes_run_options`) from the keywords its own arguments left: any other is
-        refused by name, with the closest one the call takes."""
-        known = [name for name in inspect.signature(call).parameters if name != "self"]
+    def given(cls, keywords: dict, call: str) -> RunOptions:
+        """The run options of a call (`takes_run_options`, named by its qualified name, e.g. "Model.fit") from the
+        keywords its own arguments left: any other is refused by name, with the closest one the call takes. The
+        declared function is looked up by name, not through the instance: a wrapper a user or a tool puts around the
+        method (without functools.wraps) leaves the declaration as it was."""
+        declared = DECLARED[call]
+        known = [name for name in inspect.signature(declared).parameters if name != "self"]
         refuse_unknown(keywords, known)
-        return cls(**{**call.run_option_defaults, **keywords})
+        return cls(**{**declared.run_option_defaults, **keywords})
 
     def placement(self) -> dict:
         """The placement options (where the ranks run), as keywords of the connector's `connect`."""
@@ -136,10 +139,14 @@ def refuse_unknown(given, known) -> None:
                         f"Valid ones: {', '.join(sorted(known))}.")
 
 
+#: the calls that take the run options, by qualified name ("Model.fit"): what `RunOptions.given` reads
+DECLARED: dict[str, Callable] = {}
+
+
 def takes_run_options(placement_only: bool = False, **defaults) -> Callable:
     """Declare that a call takes every run option (only the placement ones with `placement_only`) through its
     `**run_options`: its signature and docstring (what `help()` shows) list each with its default (`defaults`
-    overrides some for this call); its body reads them with `RunOptions.given(run_options, call)`."""
+    overrides some for this call); its body reads them with `RunOptions.given(run_options, "Class.call")`."""
     def decorate(function: Callable) -> Callable:
         own = inspect.signature(function)
         own_parameters = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
@@ -150,6 +157,7 @@ def takes_run_options(placement_only: bool = False, **defaults) -> Callable:
         function.__signature__ = own.replace(parameters=own_parameters + parameters)
         function.__doc__ = ((function.__doc__ or "").rstrip() + "\n"
                             + documented(options, function.run_option_defaults, placement_only))
+        DECLARED[function.__qualname__] = function
         return function
     return decorate
 

@@ -158,7 +158,9 @@ def check_targets(loss_fn: Callable, output, target) -> None:
 
 
 def check_class_range(loss_fn, num_classes: int, target: torch.Tensor) -> None:
-    """Class indices must lie in [0, num_classes - 1] (the loss's ignore_index aside)."""
+    """Class indices must lie in [0, num_classes - 1] (the loss's ignore_index aside); read from one copy on the
+    host (an accelerator's queue waits once, and an XLA device's step traces as it will in later epochs)."""
+    target = target.cpu()
     labels = target[target != getattr(loss_fn, "ignore_index", -100)]
     if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
         bad = int(labels.min()) if labels.min() < 0 else int(labels.max())

@@ -9,6 +9,7 @@ imports nothing: importing torchmetrics costs a new process about 3.5 s.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable
 
@@ -108,6 +109,11 @@ def _never() -> bool:
     return False
 
 
+def _count(number: int, like: torch.Tensor) -> torch.Tensor:
+    """A count as a tensor on `like`'s device, filled there: no copy from the host, which would wait for the device."""
+    return torch.full((), number, dtype=torch.long, device=like.device)
+
+
 def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """numerator / denominator, 0 where the denominator is 0 (a class never predicted has precision 0); in float32,
     which every device has."""
@@ -123,24 +129,81 @@ class Classified(NamedMetric):
 
     def __init__(self, task: str, classes: int) -> None:
         self.task, self.classes = task, classes
+        self._first_batch_read = False
         super().__init__()
 
     def _flat(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scores and the targets, checked: (samples, classes) scores and flat class indices (multiclass),
-        (samples, labels) scores and 0/1 targets (multilabel), or flat (binary)."""
+        """The scores and the targets: (samples, classes) scores and flat class indices (multiclass), (samples,
+        labels) scores and 0/1 targets (multilabel), or flat (binary). Shapes are checked here; the targets' values
+        are noted by `_note_wrong_targets`."""
+        self._note_wrong_targets(target)
         if self.task == "multiclass":
             scores = preds.movedim(1, -1).reshape(-1, preds.shape[1]) if preds.dim() > 2 else preds
             target = target.reshape(-1)
-            _check_classes(target, self.classes)
             if scores.shape[0] != target.shape[0]:
                 raise ValueError(f"the classification metrics got {scores.shape[0]} rows of class scores for "
                                  f"{target.shape[0]} targets: give one row of {self.classes} scores per target.")
-            return scores, target
-        _check_same_shape(preds, target, "classification")
-        _check_zero_one(target)
+        else:
+            _check_same_shape(preds, target, "classification")
         if self.task == "multilabel":
             return preds.movedim(1, -1).reshape(-1, self.classes), target.movedim(1, -1).reshape(-1, self.classes)
-        return preds.reshape(-1), target.reshape(-1)
+        return (scores, target) if self.task == "multiclass" else (preds.reshape(-1), target.reshape(-1))
+
+    def _note_wrong_targets(self, target: torch.Tensor) -> None:
+        """Keep, on the device, how many targets this task cannot take and the largest of them: reading them after
+        every batch would stop an accelerator's queue (and cost an XLA device a transfer) each time. They are read
+        with the value; the fit's first batch is also checked at once, from a copy on the host, so that its error
+        shows in its own step."""
+        if not target.numel():
+            return
+        if not self._first_batch_read:
+            self._first_batch_read = True
+            self._refuse_wrong_targets(self._wrong_targets_of(target.cpu()).tolist())
+        wrong_targets = self._wrong_targets_of(target)
+        self._wrong_targets = torch.stack([self._wrong_targets[0] + wrong_targets[0],
+                                           torch.maximum(self._wrong_targets[1], wrong_targets[1])])
+
+    def _wrong_targets_of(self, target: torch.Tensor) -> torch.Tensor:
+        """How many targets the task cannot take, and the largest of them (-inf without any)."""
+        if self.task == "multiclass":
+            wrong = (target < 0) | (target >= self.classes)
+            if target.is_floating_point():
+                wrong |= target != target.round()
+        else:
+            wrong = (target != 0) & (target != 1)
+        return torch.stack([wrong.sum().float(), target.float().masked_fill(~wrong, float("-inf")).max()])
+
+    def _refuse_wrong_targets(self, wrong_targets: list[float]) -> None:
+        count, largest = wrong_targets
+        if not count:
+            return
+        if self.task != "multiclass":
+            raise ValueError(f"the classification metrics need 0/1 labels here; {count:.0f} targets are not, such as "
+                             f"{largest:.4g}. Give 0/1 labels, or use regression metrics ('mae', 'mse', 'rmse', "
+                             "'r2').")
+        if not math.isfinite(largest) or largest != round(largest):
+            raise ValueError("the classification metrics need class indices as targets; got values that are not "
+                             f"whole numbers, such as {largest:.4g}. Give class indices (a long tensor).")
+        raise ValueError(f"the targets hold class {largest:.0f}, but the net gives {self.classes} class scores "
+                         f"(classes 0 to {self.classes - 1}). Give the net one output per class, or check the labels.")
+
+    def reset(self) -> None:
+        super().reset()
+        # (how many, the largest) since the reset, copied to the device as the states are
+        self._wrong_targets = torch.tensor([0.0, float("-inf")]).to(self.device)
+
+    def to(self, device) -> Classified:
+        super().to(device)
+        self._wrong_targets = self._wrong_targets.to(device)
+        return self
+
+    def compute(self) -> torch.Tensor:
+        """The value, after the targets' values are checked: both in one read from the device."""
+        if self._computed is None:
+            *wrong_targets, value = torch.cat([self._wrong_targets, super().compute().float().reshape(1)]).tolist()
+            self._refuse_wrong_targets(wrong_targets)
+            self._computed = torch.tensor(value)
+        return self._computed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(task={self.task!r}, classes={self.classes})"
@@ -163,7 +226,7 @@ class Accuracy(Classified):
             right = scores.argmax(1) == target
         else:
             right = (scores.topk(self.top_k, dim=1).indices == target.unsqueeze(1)).any(1)
-        return {"correct": right.sum(), "total": torch.tensor(right.numel(), device=right.device)}
+        return {"correct": right.sum(), "total": _count(right.numel(), right)}
 
     def _value(self, correct, total):
         return _ratio(correct, total)
@@ -188,8 +251,10 @@ class ClassCounts(Classified):
     def _batch_state(self, preds, target):
         scores, target = self._flat(preds, target)
         if self.task == "multiclass":
-            decided = torch.nn.functional.one_hot(scores.argmax(1), self.classes).bool()
-            target = torch.nn.functional.one_hot(target.long(), self.classes).bool()
+            # one column per class, compared: no device-side check of the classes (a wrong one is refused when the
+            # value is read)
+            classes = torch.arange(self.classes, device=target.device)
+            decided, target = scores.argmax(1, keepdim=True) == classes, target.long().unsqueeze(1) == classes
         else:
             decided, target = scores > 0.5, target.bool()
         return {"tp": (decided & target).sum(0), "fp": (decided & ~target).sum(0), "fn": (~decided & target).sum(0)}
@@ -272,7 +337,7 @@ class MeanError(NamedMetric):
         _check_same_shape(preds, target, "regression")
         difference = preds - target
         error = difference * difference if self.squared else difference.abs()
-        return {"sum_error": error.sum(), "total": torch.tensor(target.numel(), device=target.device)}
+        return {"sum_error": error.sum(), "total": _count(target.numel(), target)}
 
     def _value(self, sum_error, total):
         mean = sum_error / total
@@ -300,7 +365,7 @@ class R2(NamedMetric):
                              "them to (samples, outputs) in the net, or use 'mse' / 'mae'.")
         residual = target - preds
         return {"sum_squared_obs": (target * target).sum(0), "sum_obs": target.sum(0),
-                "rss": (residual * residual).sum(0), "total": torch.tensor(target.shape[0], device=target.device)}
+                "rss": (residual * residual).sum(0), "total": _count(target.shape[0], target)}
 
     def _value(self, sum_squared_obs, sum_obs, rss, total):
         if total < 2:
@@ -322,20 +387,3 @@ def _check_same_shape(preds: torch.Tensor, target: torch.Tensor, kind: str) -> N
         raise ValueError(f"the {kind} metrics need outputs and targets of one shape; got outputs of shape "
                          f"{tuple(preds.shape)} and targets of shape {tuple(target.shape)}. Give targets shaped "
                          "like the net's outputs.")
-
-
-def _check_zero_one(target: torch.Tensor) -> None:
-    if target.numel() and not bool(((target == 0) | (target == 1)).all()):
-        value = target[(target != 0) & (target != 1)].flatten()[0].item()
-        raise ValueError(f"the classification metrics need 0/1 labels here; a batch's targets hold {value:.4g}. "
-                         "Give 0/1 labels, or use regression metrics ('mae', 'mse', 'rmse', 'r2').")
-
-
-def _check_classes(target: torch.Tensor, classes: int) -> None:
-    if target.is_floating_point() and target.numel() and not bool((target == target.round()).all()):
-        raise ValueError(f"the classification metrics need class indices as targets; got {target.dtype} values "
-                         "that are not whole numbers. Give class indices (a long tensor).")
-    if target.numel() and not (0 <= int(target.min()) and int(target.max()) < classes):
-        outside = int(target.min()) if int(target.min()) < 0 else int(target.max())
-        raise ValueError(f"a batch's targets hold class {outside}, but the net gives {classes} class scores "
-                         f"(classes 0 to {classes - 1}). Give the net one output per class, or check the labels.")

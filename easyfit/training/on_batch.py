@@ -22,7 +22,7 @@ class OnBatchCalls:
             class_weight: {class index: weight} (default None).
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, self.train_on_batch)
+        run = RunOptions.given(run_options, "OnBatchCalls.train_on_batch")
         with kept(self, ("history", "completed_epochs", "_callbacks")):   # a step, not an epoch of the history
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
                               fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
@@ -38,7 +38,7 @@ class OnBatchCalls:
             x, y: one batch, as arrays or tensors.
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, self.test_on_batch)
+        run = RunOptions.given(run_options, "OnBatchCalls.test_on_batch")
         return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **run.keywords())
 
     @takes_run_options(devices=1)
@@ -48,5 +48,5 @@ class OnBatchCalls:
         Args:
             x: one batch of inputs, as arrays or tensors.
         """
-        run = RunOptions.given(run_options, self.predict_on_batch)
+        run = RunOptions.given(run_options, "OnBatchCalls.predict_on_batch")
         return self.predict(x, batch_size=sample_count(x), verbose=0, **run.keywords())

@@ -183,12 +183,54 @@ def test_wrong_targets_are_refused_with_what_to_do():
     accuracy = named_metrics.Accuracy("multiclass", 3)
     with pytest.raises(ValueError, match="targets hold class 3, but the net gives 3 class scores"):
         accuracy.update(torch.rand(4, 3), torch.tensor([0, 1, 2, 3]))
-    with pytest.raises(ValueError, match="need 0/1 labels here; a batch's targets hold 2"):
+    with pytest.raises(ValueError, match="need 0/1 labels here; 1 targets are not, such as 2"):
         named_metrics.ClassCounts("f1", "binary", 2).update(torch.rand(4), torch.tensor([0, 1, 2, 1]))
+    with pytest.raises(ValueError, match="class indices as targets; .* such as 1.5"):
+        named_metrics.Accuracy("multiclass", 3).update(torch.rand(2, 3), torch.tensor([0.0, 1.5]))
     with pytest.raises(ValueError, match="r2 needs at least two samples; got 1"):
         r2 = named_metrics.R2()
         r2.update(torch.zeros(1), torch.ones(1))
         r2.compute()
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of a tensor's value to the host (`item()`, `int()`, `bool()`): each waits for an
+    accelerator's queue, and costs an XLA device a transfer."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("make, preds, wrong", [
+    (lambda: named_metrics.Accuracy("multiclass", 3), lambda: torch.rand(4, 3), torch.tensor([0, 1, 7, 2])),
+    (lambda: named_metrics.ClassCounts("f1", "multiclass", 3), lambda: torch.rand(4, 3), torch.tensor([0, -1, 2, 2])),
+    (lambda: named_metrics.AUROC("multilabel", 2), lambda: torch.rand(4, 2), torch.tensor([[0, 1]] * 3 + [[1, 3]])),
+    (lambda: named_metrics.ClassCounts("recall", "binary", 2), lambda: torch.rand(4), torch.tensor([0, 1, 1, 5])),
+], ids=["accuracy", "f1", "auroc-multilabel", "recall-binary"])
+@pytest.mark.filterwarnings("ignore:auroc. no")
+def test_later_batches_are_taken_without_reading_the_device_and_their_wrong_targets_refused_with_the_value(
+        make, preds, wrong):
+    """Only the first batch's targets are read at once; a later batch's wrong targets are refused when the value is
+    read, in the same read; a wrong class never reaches a one-hot encoding (a device-side assert on a GPU)."""
+    metric = make()
+    right = wrong.clamp(0, 1)
+    metric.update(preds(), right)
+    reads = HostReads()
+    with reads:
+        for _ in range(3):
+            metric.update(preds(), right)
+        metric.update(preds(), wrong)
+    assert reads.reads == 0
+    with pytest.raises(ValueError, match=r"class (7|-1), but|such as (3|5)\b"):
+        metric.compute()
+    metric.reset()
+    metric.update(preds(), right)
+    assert 0 <= float(metric.compute()) <= 1
 
 
 def test_a_checkpoint_s_metric_state_of_another_kind_is_named_not_loaded():

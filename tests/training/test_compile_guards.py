@@ -165,7 +165,20 @@ def test_a_fit_that_declines_the_program_steps_a_compiled_optimizer_as_the_user_
                   devices=1, compile={"backend": "aot_eager"})
     assert any(key[0] == "optimizer" for key in model.compiled_steps.cache), "the optimizer step was not compiled"
     assert [group["capturable"] for group in optimizer.param_groups] == [False]
-    assert {optimizer.state[p]["step"].device.type for p in net.parameters()} == {"cpu"}
+    assert {optimizer.state[p]["step"].device.type for p in net.parameters()} == _hand_compiled_adam_counters(device)
+
+
+def _hand_compiled_adam_counters(device: str) -> set[str]:
+    """Where a hand-written loop that steps Adam eagerly, then through torch.compile, keeps the step counters:
+    torch.compile moves them to the parameters' device (a GPU's), without making Adam capturable."""
+    layer = nn.Linear(2, 1).to(device)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-3)
+    compiled_step = torch.compile(optimizer.step, backend="aot_eager")
+    for step in (optimizer.step, compiled_step):
+        layer(torch.ones(1, 2, device=device)).sum().backward()
+        step()
+    assert [group["capturable"] for group in optimizer.param_groups] == [False]
+    return {state["step"].device.type for state in optimizer.state.values()}
 
 
 class Logging(nn.Module):
