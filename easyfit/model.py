@@ -142,7 +142,7 @@ class Model(OnBatchCalls):
             gradient_accumulation_steps: batches whose gradients make one optimizer step (default 1).
             gradient_clip_val: clip the total gradient norm to this value; None (default): no clipping.
             lr_scaling: scale the LR by the batches per step: "linear" (default), "sqrt" or None.
-            lr_warmup_epochs: ramp the LR up from 0 over this many epochs (default 0).
+            lr_warmup_epochs: ramp the LR from the unscaled to the scaled value over this many epochs (default 0).
             max_restarts: restart the ranks of a failed attempt this often; None (default): easyfit.launch's, or 0.
             fault_tolerance: None (default): checkpoint under a launcher that restarts ranks; False; or its folder.
             fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.

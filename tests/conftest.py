@@ -58,6 +58,15 @@ def no_rendezvous_left(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    """No test leaves a process group in this process (a script keeps the group of a call whose rank 0 ran in it
+    until the script ends): a later test that forks ranks from this process would find it there."""
+    yield
+    from easyfit.distributed.strategies.parallel import destroy_process_group
+    destroy_process_group()
+
+
 def torch_compile_settings() -> dict:
     """torch's compiler configs (dynamo, AOTAutograd, inductor), each option read as code reads it (an option whose
     attribute was deleted reads "<deleted>"); none is imported here for the first time (importing torch._inductor

@@ -44,22 +44,32 @@ def scaled_learning_rates(optimizer: torch.optim.Optimizer, scheduler, multiplie
 
 
 class Warmup:
-    """Ramp each group's LR linearly from lr / multiplier to lr over the first `steps` optimizer steps
-    (Goyal et al., 2017). A resumed fit passes the optimizer steps already done in `steps_done`."""
+    """Ramp the LR linearly from lr / multiplier to lr over the first `steps` optimizer steps (Goyal et al.,
+    2017), on top of whatever each group holds: for the step, the group's LR (a schedule's or a callback's) times the
+    ramp's factor, given back after it (`release`), so a schedule keeps its own course through the warmup. A resumed
+    fit passes the optimizer steps already done in `steps_done`."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, steps: int, steps_done: int = 0):
         self.optimizer, self.steps, self.steps_done = optimizer, steps, steps_done
-        self.targets = [group["lr"] for group in optimizer.param_groups]
-        self.starts = [lr / multiplier for lr in self.targets]
+        self.start = 1.0 / multiplier   # the ramp's factor at the first step
+        self.held: list[float] | None = None   # the groups' own LRs while a step runs with the ramp's
 
     def apply(self, step: int) -> None:
         """Set the LRs for this fit's optimizer step `step` (0-based); after the warmup this does nothing."""
         step += self.steps_done
-        if step > self.steps:
+        if step >= self.steps:
             return
-        progress = step / self.steps
-        for group, start, target in zip(self.optimizer.param_groups, self.starts, self.targets):
-            group["lr"] = start + (target - start) * progress
+        factor = self.start + (1.0 - self.start) * step / self.steps
+        self.held = [group["lr"] for group in self.optimizer.param_groups]
+        for group, lr in zip(self.optimizer.param_groups, self.held):
+            group["lr"] = lr * factor
+
+    def release(self) -> None:
+        """Give the groups their own LRs back after the step."""
+        if self.held is not None:
+            for group, lr in zip(self.optimizer.param_groups, self.held):
+                group["lr"] = lr
+            self.held = None
 
 
 def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float) -> str:

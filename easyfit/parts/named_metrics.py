@@ -189,8 +189,8 @@ class Classified(NamedMetric):
 
     def reset(self) -> None:
         super().reset()
-        # (how many, the largest) since the reset, copied to the device as the states are
-        self._wrong_targets = torch.tensor([0.0, float("-inf")]).to(self.device)
+        # (how many, the largest) since the reset, on the device
+        self._wrong_targets = torch.tensor([0.0, float("-inf")], device=self.device)
 
     def to(self, device) -> Classified:
         super().to(device)

@@ -234,8 +234,10 @@ class Loop:
             self.warmup.apply(self.optimizer_steps)
 
     def after_step(self) -> None:
-        """The optimizer step counted, and a per-step schedule stepped."""
+        """The optimizer step counted, the warmup's ramp taken off the LRs, and a per-step schedule stepped."""
         self.optimizer_steps += 1
+        if self.warmup is not None:
+            self.warmup.release()
         if self.scheduler is not None and self.settings.scheduler_interval == "step":
             self.scheduler.step()
 

@@ -44,7 +44,39 @@ def test_warmup_ramps_linearly_from_the_base_to_the_scaled_lr():
     for step in range(5):
         warmup.apply(step)
         seen.append(optimizer.param_groups[0]["lr"])
+        warmup.release()
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
+    assert optimizer.param_groups[0]["lr"] == 0.4
+
+
+def test_a_per_step_schedule_runs_its_own_course_under_the_warmup():
+    """The ramp multiplies the LR the schedule gives each step; the schedule never sees the ramped LR (a chained
+    ExponentialLR would otherwise decay the ramped value)."""
+    optimizer = _optimizer(0.4)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+    warmup = Warmup(optimizer, multiplier=4.0, steps=4)
+    seen = []
+    for step in range(6):
+        warmup.apply(step)
+        seen.append(optimizer.param_groups[0]["lr"])
+        warmup.release()
+        scheduler.step()
+    factors = [0.25, 0.4375, 0.625, 0.8125, 1.0, 1.0]
+    assert seen == pytest.approx([0.4 * 0.5 ** step * factor for step, factor in enumerate(factors)])
+
+
+def test_an_epoch_schedule_keeps_its_decay_through_the_warmup():
+    """StepLR halves the LR at the first epoch's end, when a one-epoch warmup ends: every step of epoch 2 takes the
+    halved LR (the warmup's last step once set the LR back to its start, and the decay was lost for good)."""
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.08)
+    taken = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: taken.append(opt.param_groups[0]["lr"]))
+    model = easyfit.Model(net, "cross_entropy", optimizer,
+                          scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+    model.fit(torch.randn(32, 3), torch.randint(0, 2, (32,)), epochs=3, batch_size=8, verbose=0, devices=1,
+              lr_warmup_epochs=1)
+    assert taken == pytest.approx([0.08] * 4 + [0.04] * 4 + [0.02] * 4)
 
 
 def test_a_resumed_warmup_continues_where_it_stood():
