@@ -39,12 +39,7 @@ def test_every_group_and_the_scheduler_are_scaled_then_restored():
 
 def test_warmup_ramps_linearly_from_the_base_to_the_scaled_lr():
     optimizer = _optimizer(0.4)       # already scaled: base 0.1 × 4
-    warmup = Warmup(optimizer, multiplier=4.0, steps=3)
-    seen = []
-    for step in range(5):
-        warmup.apply(step)
-        seen.append(optimizer.param_groups[0]["lr"])
-        warmup.release()
+    seen = _rates_taken(optimizer, Warmup(optimizer, multiplier=4.0, steps=3), 5)
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
     assert optimizer.param_groups[0]["lr"] == 0.4
 
@@ -54,15 +49,22 @@ def test_a_per_step_schedule_runs_its_own_course_under_the_warmup():
     ExponentialLR would otherwise decay the ramped value)."""
     optimizer = _optimizer(0.4)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
-    warmup = Warmup(optimizer, multiplier=4.0, steps=4)
-    seen = []
-    for step in range(6):
-        warmup.apply(step)
-        seen.append(optimizer.param_groups[0]["lr"])
-        warmup.release()
-        scheduler.step()
+    seen = _rates_taken(optimizer, Warmup(optimizer, multiplier=4.0, steps=4), 6, scheduler)
     factors = [0.25, 0.4375, 0.625, 0.8125, 1.0, 1.0]
     assert seen == pytest.approx([0.4 * 0.5 ** step * factor for step, factor in enumerate(factors)])
+
+
+def _rates_taken(optimizer, warmup: Warmup, steps: int, scheduler=None) -> list[float]:
+    """The LR of each optimizer step, as the training loop sets it: the warmup's ramp for the step, then a per-step
+    schedule stepped."""
+    taken = []
+    for step in range(steps):
+        warmup.apply(step)
+        taken.append(optimizer.param_groups[0]["lr"])
+        warmup.release()
+        if scheduler is not None:
+            scheduler.step()
+    return taken
 
 
 def test_an_epoch_schedule_keeps_its_decay_through_the_warmup():
