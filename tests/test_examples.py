@@ -55,7 +55,8 @@ def test_ddp_example_trains_on_two_processes_and_prints_once():
 
 def test_ci_runs_the_readme_commands_in_a_new_environment():
     """.ci/run takes the quickstart and test commands from the README itself (so they cannot drift apart) and runs
-    them in a virtual environment it makes for the run: what a newcomer installs."""
+    them in a virtual environment it makes anew for the run (removed first, then made, always at the same path so that
+    torch's compile caches keyed by paths are reused): what a newcomer installs."""
     root = EXAMPLES.parent
     readme = (root / "README.md").read_text(encoding="utf-8")
     commands = [command for command in re.findall(r"```bash\n(.+?)\n```", readme)
@@ -66,7 +67,9 @@ def test_ci_runs_the_readme_commands_in_a_new_environment():
                              capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert printed == commands
     script = (root / ".ci" / "run").read_text(encoding="utf-8")
-    assert 'python3 -m venv "$work/venv"' in script and 'eval "${readme[1]}"' in script
+    made = script.index('python3 -m venv "$venv"')
+    assert script.index('rm -rf "$venv"') < made < script.index('eval "${readme[0]}"')
+    assert 'eval "${readme[1]}"' in script
 
 
 def test_custom_strategy_example_matches_plain_pytorch():
