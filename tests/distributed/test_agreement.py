@@ -1,5 +1,6 @@
 """Common script patterns on 2 CPU processes: every rank agrees, every failure arrives with its cause, nothing
-hangs. Each test runs tests/distributed/scripts/patterns.py as a real program with a timeout."""
+hangs. Each test runs tests/distributed/scripts/patterns.py as a real program with a timeout; the scenarios that end
+well on every rank share one launch (starting the processes is what costs time)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from runner import SCRIPTS, make_net
 
 import easyfit
@@ -39,18 +41,25 @@ def failed_with(process: subprocess.CompletedProcess, words: str) -> None:
     assert words in process.stderr, process.stderr[-4000:]
 
 
-def test_evaluate_and_predict_with_defaults_after_a_ddp_fit_run_on_every_rank_exactly(tmp_path):
-    succeeded(run_pattern(tmp_path, "evaluate_after_fit"))
-    first, second = ranks(tmp_path)
+@pytest.fixture(scope="module")
+def agreeing(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One launch of the scenarios that end well (patterns.py's AGREEING), shared by their tests."""
+    out = tmp_path_factory.mktemp("agreeing")
+    succeeded(run_pattern(out, "agreeing"))
+    return out, ranks(out)
+
+
+def test_evaluate_and_predict_with_defaults_after_a_ddp_fit_run_on_every_rank_exactly(agreeing):
+    first, second = (rank["evaluate_after_fit"] for rank in agreeing[1])
     assert first["scores"] == second["scores"]
     assert first["predictions"] == second["predictions"] == [128, 3]
     assert first["world_size"] == second["world_size"] == 2
 
 
-def test_a_rank_local_call_keeps_the_rank_identity(tmp_path):
-    succeeded(run_pattern(tmp_path, "single_among_ranks"))
-    assert [tuple(r["identity"]) for r in ranks(tmp_path)] == [(0, 2), (1, 2)]
-    assert len(list(tmp_path.glob("saved-by-pid-*.pt"))) == 1, "only global rank 0 saved"
+def test_a_rank_local_call_keeps_the_rank_identity(agreeing):
+    out, found = agreeing
+    assert [tuple(r["single_among_ranks"]["identity"]) for r in found] == [(0, 2), (1, 2)]
+    assert len(list(out.glob("saved-by-pid-*.pt"))) == 1, "only global rank 0 saved"
 
 
 def test_easyfit_launch_gives_every_rank_its_identity_before_the_first_call(tmp_path):
@@ -58,9 +67,8 @@ def test_easyfit_launch_gives_every_rank_its_identity_before_the_first_call(tmp_
     assert [tuple(r["identity"]) for r in ranks(tmp_path)] == [(0, 2), (1, 2)]
 
 
-def test_stop_training_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
-    succeeded(run_pattern(tmp_path, "stop_on_one_rank"))
-    first, second = ranks(tmp_path)
+def test_stop_training_on_one_rank_stops_every_rank_at_the_same_step(agreeing):
+    first, second = (rank["stop_on_one_rank"] for rank in agreeing[1])
     assert first["steps"] == second["steps"] == 3
     assert first["epochs"] == second["epochs"] == 1
 
@@ -70,10 +78,9 @@ def test_different_batch_counts_per_rank_fail_with_what_differs(tmp_path):
                 "different numbers of training batches per epoch (rank 0: 4, rank 1: 3)")
 
 
-def test_an_iterable_dataset_with_fewer_batches_on_one_rank_trains_to_the_same_weights(tmp_path):
+def test_an_iterable_dataset_with_fewer_batches_on_one_rank_trains_to_the_same_weights(agreeing):
     """6 batches on rank 0, 5 on rank 1: the rank that runs out shadows the other's all-reduces (torch's join)."""
-    succeeded(run_pattern(tmp_path, "uneven_iterable"))
-    first, second = ranks(tmp_path)
+    first, second = (rank["uneven_iterable"] for rank in agreeing[1])
     assert first["weights"] == second["weights"]
 
 
@@ -95,9 +102,8 @@ def test_a_rank_that_exits_with_code_0_before_its_first_call_fails_the_call(tmp_
     failed_with(run_pattern(tmp_path, "exit_before_call"), "exited (code 0) before reaching")
 
 
-def test_predict_with_fewer_samples_than_processes(tmp_path):
-    succeeded(run_pattern(tmp_path, "predict_one_sample"))
-    assert [r["shape"] for r in ranks(tmp_path)] == [[1, 3], [1, 3]]
+def test_predict_with_fewer_samples_than_processes(agreeing):
+    assert [r["predict_one_sample"]["shape"] for r in agreeing[1]] == [[1, 3], [1, 3]]
 
 
 def test_re_run_ranks_start_where_the_script_was_started(tmp_path):
@@ -152,8 +158,13 @@ def test_slurm_variables_without_srun_say_who_is_missing(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
            "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "localhost",
            "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "train", "MASTER_PORT": "29555"}
-    process = subprocess.Popen([sys.executable, str(SCRIPTS / "patterns.py"), str(tmp_path), "exit_before_call"],
-                               env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    # the notice comes after PEER_WAIT_NOTICE_SECONDS (15 s); this run of the script says it after 1 s
+    says_it_sooner = ("import runpy, sys; import easyfit.distributed.strategies.parallel as parallel; "
+                      "parallel.PEER_WAIT_NOTICE_SECONDS = 1.0; sys.argv = sys.argv[1:]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__')")
+    process = subprocess.Popen([sys.executable, "-c", says_it_sooner, str(SCRIPTS / "patterns.py"), str(tmp_path),
+                                "exit_before_call"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               text=True)
     try:
         while True:   # the event: the notice line (the test's timeout bounds the wait)
             line = process.stderr.readline()

@@ -1,7 +1,8 @@
 """Common script patterns run on 2 CPU processes by test_agreement.py: each rank records what it saw.
 
 Usage: python patterns.py OUT_DIR SCENARIO
-Each rank writes OUT_DIR/rank-<global rank>.json; a rank that records an error writes it under "error".
+Each rank writes OUT_DIR/rank-<global rank>.json; a rank that records an error writes it under "error". SCENARIO
+"agreeing" runs the scenarios that end well (AGREEING) in one launch and records each one's values under its name.
 """
 import json
 import os
@@ -50,6 +51,53 @@ class OnRank(Callback):
             time.sleep(3600)
 
 
+def new_model() -> easyfit.Model:
+    return easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"], lr=0.05)
+
+
+def evaluate_after_fit(model, x, y) -> dict:
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+    scores = model.evaluate(x, y, verbose=0)
+    return {"scores": scores, "predictions": list(model.predict(x).shape), "world_size": model.world_size}
+
+
+def single_among_ranks(model, x, y) -> dict:
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+    model.evaluate(x, y, verbose=0, strategy="single", accelerator="cpu")
+    if model.is_global_zero:
+        model.save(os.path.join(OUT, f"saved-by-pid-{os.getpid()}.pt"))
+    return {"identity": (model.global_rank, model.world_size)}
+
+
+def stop_on_one_rank(model, x, y) -> dict:
+    callback = OnRank(rank=1, step=2, action="stop")
+    model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[callback], strategy="ddp", **CPU2)
+    return {"steps": callback.steps_seen, "epochs": model.completed_epochs}
+
+
+def predict_one_sample(model, x, y) -> dict:
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
+    return {"shape": list(model.predict(x[:1], strategy="ddp", **CPU2).shape)}
+
+
+def uneven_iterable(model, x, y) -> dict:
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 16 * (6 - rank), 16)]   # 6 and 5 batches
+
+    class Shard(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(batches)
+
+    model.fit(torch.utils.data.DataLoader(Shard(), batch_size=None), epochs=2, verbose=0, strategy="ddp", **CPU2)
+    return {"weights": [float(p.sum()) for p in model.net.parameters()]}
+
+
+#: the scenarios that end well on every rank: "agreeing" runs them one after the other in one launch, each on a new
+#: Model, as a script that trains several models does (starting the processes is what costs time)
+AGREEING = {scenario.__name__: scenario for scenario in (evaluate_after_fit, single_among_ranks, stop_on_one_rank,
+                                                         predict_one_sample, uneven_iterable)}
+
+
 def main() -> None:
     torch.set_num_threads(1)
     if SCENARIO == "early_launch":
@@ -57,25 +105,14 @@ def main() -> None:
     if SCENARIO == "chdir":
         os.chdir("sub")   # relative: every rank must start where the script was started
     x, y = make_data()
-    model = easyfit.Model(make_net(), "cross_entropy", "sgd", metrics=["accuracy"], lr=0.05)
+    model = new_model()
     if SCENARIO == "early_launch":
         identity = (model.global_rank, model.world_size)   # before any fit
         model.fit(x, y, epochs=1, batch_size=16, verbose=0, **CPU2)
         record(model, identity=identity)
-    elif SCENARIO == "evaluate_after_fit":
-        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-        scores = model.evaluate(x, y, verbose=0)
-        record(model, scores=scores, predictions=list(model.predict(x).shape), world_size=model.world_size)
-    elif SCENARIO == "single_among_ranks":
-        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-        model.evaluate(x, y, verbose=0, strategy="single", accelerator="cpu")
-        if model.is_global_zero:
-            model.save(os.path.join(OUT, f"saved-by-pid-{os.getpid()}.pt"))
-        record(model, identity=(model.global_rank, model.world_size))
-    elif SCENARIO == "stop_on_one_rank":
-        callback = OnRank(rank=1, step=2, action="stop")
-        model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[callback], strategy="ddp", **CPU2)
-        record(model, steps=callback.steps_seen, epochs=model.completed_epochs)
+    elif SCENARIO == "agreeing":
+        found = {name: scenario(new_model(), x, y) for name, scenario in AGREEING.items()}
+        record(model, **found)
     elif SCENARIO == "uneven":
         rank = int(os.environ.get("LOCAL_RANK", 0))
         model.fit(x[:len(x) - 40 * rank], y[:len(y) - 40 * rank], epochs=1, batch_size=16, verbose=0,
@@ -94,9 +131,6 @@ def main() -> None:
             model.evaluate(x, y, verbose=0, strategy="ddp", **CPU2)
     elif SCENARIO == "exit_before_call":
         model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-    elif SCENARIO == "predict_one_sample":
-        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-        record(model, shape=list(model.predict(x[:1], strategy="ddp", **CPU2).shape))
     elif SCENARIO == "chdir":
         model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
         record(model, cwd=os.getcwd())
@@ -104,16 +138,6 @@ def main() -> None:
         stopping = EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
         model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[stopping], strategy="ddp_spawn", **CPU2)
         record(model, stopped_epoch=stopping.stopped_epoch, epochs=len(model.history.epoch))
-    elif SCENARIO == "uneven_iterable":
-        rank = int(os.environ.get("LOCAL_RANK", 0))
-        batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 16 * (6 - rank), 16)]   # 6 and 5 batches
-
-        class Shard(torch.utils.data.IterableDataset):
-            def __iter__(self):
-                return iter(batches)
-
-        model.fit(torch.utils.data.DataLoader(Shard(), batch_size=None), epochs=2, verbose=0, strategy="ddp", **CPU2)
-        record(model, weights=[float(p.sum()) for p in model.net.parameters()])
     elif SCENARIO == "fork_lambda_loss":
         class LocalNet(torch.nn.Module):   # defined in a function: fork needs no pickling of it
             def __init__(self):
