@@ -63,8 +63,24 @@ def test_fp16_compression_trains_within_tolerance_of_plain_ddp(tmp_path):
     assert_same_weights(ranks[1]["state"], ranks[0]["state"], atol=0)
 
 
-def test_powersgd_trains_keeps_ranks_equal_and_resumes(tmp_path):
-    ranks = run_ranks(tmp_path, "--comm-hook", "powersgd", "--epochs", "4", "--resume")
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory):
+    """resumed_runs(*options) -> (OUT, ranks) of one --resume launch per set of options, shared by the tests."""
+    launched = {}
+
+    def run(*options: str) -> tuple:
+        if options not in launched:
+            out = tmp_path_factory.mktemp("resumed")
+            launched[options] = out, run_ranks(out, *options, "--resume")
+        return launched[options]
+    return run
+
+
+POWERSGD = ("--comm-hook", "powersgd", "--epochs", "4")
+
+
+def test_powersgd_trains_keeps_ranks_equal_and_resumes(resumed_runs):
+    ranks = resumed_runs(*POWERSGD)[1]
     losses = ranks[0]["history"]["loss"]
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert_same_weights(ranks[1]["state"], ranks[0]["state"], atol=0)
@@ -73,21 +89,19 @@ def test_powersgd_trains_keeps_ranks_equal_and_resumes(tmp_path):
         torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("options", [("--comm-hook", "powersgd", "--epochs", "4"), ("--period", "3", "--warmup", "6")],
+@pytest.mark.parametrize("options", [POWERSGD, ("--period", "3", "--warmup", "6")],
                          ids=["powersgd", "averaging_warmup"])
-def test_a_resumed_fit_continues_the_communication_hook_exactly(tmp_path, options):
-    """1 epoch saved by ModelCheckpoint + a resumed fit equals the straight fit: the checkpoint holds every rank's
-    hook state. PowerSGD: its error feedback and step count (compression starts after step 2). Post-local SGD with
-    a 6-step warmup, resumed after step 4 (an averaging point): 2 more steps of global averaging, not 6."""
-    outcomes = {}
-    for kind in ("straight", "resumed"):
-        (tmp_path / kind).mkdir()
-        outcomes[kind] = run_ranks(tmp_path / kind, *options, *(["--resume"] if kind == "resumed" else []))
-    difference = max((outcomes["resumed"][0]["state"][name] - value).abs().max().item()
-                     for name, value in outcomes["straight"][0]["state"].items())
+def test_a_resumed_fit_continues_the_communication_hook_exactly(resumed_runs, options):
+    """1 epoch saved by ModelCheckpoint + a resumed fit equals the straight fit (both in one launch): the checkpoint
+    holds every rank's hook state. PowerSGD: its error feedback and step count (compression starts after step 2).
+    Post-local SGD with a 6-step warmup, resumed after step 4 (an averaging point): 2 more steps of global
+    averaging, not 6."""
+    out, ranks = resumed_runs(*options)
+    difference = max((ranks[0]["state"][name] - value).abs().max().item()
+                     for name, value in ranks[0]["straight"].items())
     print(f"{options}: resumed vs straight, max weight difference {difference:.1e}")
     assert difference <= 1e-7
-    checkpoint = torch.load(tmp_path / "resumed" / "epoch1.pt", weights_only=True)
+    checkpoint = torch.load(out / "epoch1.pt", weights_only=True)
     assert len(checkpoint["communication"]) == 2 and checkpoint["communication"][0]["iter"] > 0
 
 

@@ -1,9 +1,9 @@
 """DDP communication options test program, run as `python ddp_comm_train.py OUT ...`; easyfit re-runs it for rank 1.
 
 Trains the shared net with SGD on 2 CPU processes (gloo) under DDPStrategy(comm_hook=..., model_averaging_period=...)
-for EPOCHS epochs, straight or as 1 epoch (saved by ModelCheckpoint) + a resumed fit. Every rank writes
-OUT/rank-<r>.pt: its final weights, its flattened parameters after every optimizer step of the last fit, and the
-history.
+for EPOCHS epochs, straight, or (--resume) straight and then as 1 epoch (saved by ModelCheckpoint) + a resumed fit.
+Every rank writes OUT/rank-<r>.pt: its final weights, its flattened parameters after every optimizer step of the last
+fit, and the history; with --resume also the straight fit's final weights ("straight").
 """
 import argparse
 import os
@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--period", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=0, help="model_averaging_warmup")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--resume", action="store_true", help="1 epoch, save, then resume up to --epochs")
+    parser.add_argument("--resume", action="store_true",
+                        help="also 1 epoch, save, then resume up to --epochs, after the straight fit")
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = make_data()
@@ -52,7 +53,11 @@ def main() -> None:
     fit = dict(batch_size=16, shuffle=False, verbose=0, lr_scaling=None, devices=2, accelerator="cpu",
                strategy=strategy)
     model, snapshots = new_model(), Snapshots()
+    found = {}
     if args.resume:   # the checkpoint is written inside fit, where it holds the strategy's full optimizer state
+        model.fit(x, y, epochs=args.epochs, **fit)
+        found["straight"] = model.net.state_dict()
+        model = new_model()
         checkpoint = os.path.join(args.out, "epoch1.pt")
         model.fit(x, y, epochs=1, callbacks=[ModelCheckpoint(checkpoint)], **fit)
         model = new_model()
@@ -60,7 +65,8 @@ def main() -> None:
     else:
         model.fit(x, y, epochs=args.epochs, callbacks=[snapshots], **fit)
     torch.save({"state": model.net.state_dict(), "snapshots": snapshots.parameters,
-                "history": dict(model.history.history)}, os.path.join(args.out, f"rank-{model.global_rank}.pt"))
+                "history": dict(model.history.history), **found},
+               os.path.join(args.out, f"rank-{model.global_rank}.pt"))
 
 
 if __name__ == "__main__":
