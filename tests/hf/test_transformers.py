@@ -72,10 +72,18 @@ def assert_exact_evaluation(case: str, outcome: dict) -> None:
     torch.testing.assert_close(outcome["predictions"], model.predict(dataset(case), batch_size=8), atol=1e-5, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> tuple[Path, dict]:
+    """One ddp launch of every case (bert, gpt2 and the sharded stream), shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("ddp")
+    return out, run_on_two_processes(out, "ddp", "bert,gpt2,stream")
+
+
 @pytest.mark.timeout(420)
-def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(tmp_path):
-    results = run_on_two_processes(tmp_path, "ddp", "bert,gpt2")
-    for case, outcome in results.items():
+def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(ddp_run):
+    results = ddp_run[1]
+    for case in ("bert", "gpt2"):
+        outcome = results[case]
         assert outcome["world_size"] == 2
         assert_same(outcome["history"]["loss"], outcome["state"], plain_loop(case, 16))
         assert_exact_evaluation(case, outcome)
@@ -95,10 +103,11 @@ def test_the_model_s_own_loss_under_sharded_strategies(strategy, tmp_path):
 
 
 @pytest.mark.timeout(420)
-def test_an_iterable_hugging_face_dataset_is_split_between_the_processes(tmp_path):
+def test_an_iterable_hugging_face_dataset_is_split_between_the_processes(ddp_run):
     """Its 2 shards (the first and the second half of the rows) go one to each process: each trains 4 batches of 8
     per epoch, and a step's combined batch is 8 rows of each half."""
-    outcome = run_on_two_processes(tmp_path, "ddp", "stream")["stream"]
-    assert [(tmp_path / f"stream-{rank}.txt").read_text() for rank in (0, 1)] == ["8", "8"]
+    out, results = ddp_run
+    outcome = results["stream"]
+    assert [(out / f"stream-{rank}.txt").read_text() for rank in (0, 1)] == ["8", "8"]
     order = torch.stack([torch.arange(32).view(4, 8), torch.arange(32, 64).view(4, 8)], 1).flatten()
     assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16, order=order))
