@@ -195,10 +195,18 @@ def draw_family(rng: random.Random) -> tuple:
 
 
 def families(count: int, members: int, seed: int) -> list[list[Config]]:
-    """`count` families of `members` configurations each (distinct variations of one drawn family)."""
-    rng = random.Random(seed)
-    return [[Config(*family, *variation) for variation in rng.sample(VARIATIONS, members)]
-            for family in (draw_family(rng) for _ in range(count))]
+    """`count` families of `members` configurations each (distinct variations of one drawn family). A family drawn
+    again is replaced by one drawn from a second stream, so that no two families test the same programs and every
+    other family stays as the seed drew it."""
+    rng, redraw = random.Random(seed), random.Random(seed + 1)
+    drawn, seen = [], set()
+    for _ in range(count):
+        family, variations = draw_family(rng), rng.sample(VARIATIONS, members)
+        while family in seen:
+            family = draw_family(redraw)
+        seen.add(family)
+        drawn.append([Config(*family, *variation) for variation in variations])
+    return drawn
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
