@@ -33,10 +33,24 @@ def _check_run(process, out, lr_expected: float) -> dict:
     return outcome
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """launched(strategy) -> (OUT, result.pt) of one launch per strategy, shared by the tests: lr 0.1 without LR
+    scaling, then a new Model at lr 0.05 with linear scaling (as a script that trains a second model does)."""
+    found = {}
+
+    def launch(strategy: str) -> tuple:
+        if strategy not in found:
+            out = tmp_path_factory.mktemp(strategy)
+            process = run_script(out, strategy, "--lr", "0.1", "--lr-scaling", "none", "--then-linear", "0.05")
+            found[strategy] = out, _check_run(process, out, lr_expected=0.1)
+        return found[strategy]
+    return launch
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
-def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_path):
-    process = run_script(tmp_path, strategy, "--lr", "0.1", "--lr-scaling", "none")
-    outcome = _check_run(process, tmp_path, lr_expected=0.1)
+def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, launched):
+    tmp_path, outcome = launched(strategy)
     # the caller's net holds the trained weights and the caller gets the History, whatever the launcher
     assert len(outcome["history"]["loss"]) == 2
     assert outcome["params"]["effective_batch_size"] == 32
@@ -48,9 +62,9 @@ def test_two_processes_match_plain_pytorch_on_the_combined_batch(strategy, tmp_p
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
-def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, tmp_path):
-    process = run_script(tmp_path, strategy, "--lr", "0.05", "--lr-scaling", "linear")
-    outcome = _check_run(process, tmp_path, lr_expected=0.1)
+def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, launched):
+    outcome = launched(strategy)[1]["linear"]
+    assert_same_weights(outcome["state"], reference_weights(0.1))
     assert outcome["params"]["lr_multiplier"] == 2.0
     assert "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)" in outcome["params"]["summary"]
     assert outcome["lr_after"] == [pytest.approx(0.05)], "the user's LR is restored after fit"

@@ -2,8 +2,9 @@
 
 Usage: python train.py OUT_DIR STRATEGY [--lr 0.05] [--lr-scaling linear|none]
                                         [--fail-rank R --fail-step S --fail-mode raise|kill|hang]
-                                        [--num-nodes N] [--devices D] [--epochs E]
-Rank 0 writes OUT_DIR/result.pt: trained weights, history, evaluate() and predict() results.
+                                        [--num-nodes N] [--devices D] [--epochs E] [--then-linear LR]
+Rank 0 writes OUT_DIR/result.pt: trained weights, history, evaluate() and predict() results; with --then-linear, also
+those of a second fit of a new Model at LR with linear LR scaling, after the first (under "linear").
 """
 import argparse
 import os
@@ -52,6 +53,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--fail-before-fit", type=int, default=-1, help="this local rank raises before calling fit")
     parser.add_argument("--retry-after-failure", action="store_true", help="catch a rank failure and fit again")
+    parser.add_argument("--then-linear", type=float, default=None,
+                        help="then fit a new Model at this LR with linear LR scaling")
     args = parser.parse_args()
     if int(os.environ.get("LOCAL_RANK", 0)) == args.fail_before_fit:
         print(f"FAILING_AT {time.time()}", file=sys.stderr, flush=True)
@@ -76,13 +79,26 @@ def main() -> None:
     # a one-process call after a multi-process one stays local (no sync over the still-open process group)
     local_scores = model.evaluate(x_eval, y_eval, batch_size=8, verbose=0, return_dict=True, strategy="single",
                                   accelerator="cpu")
+    linear = None if args.then_linear is None else fit_linear(args.then_linear, x, y, run, args.epochs)
     if model.is_global_zero:   # saving from rank 0 alone must not wait for the other ranks
         model.save(os.path.join(args.out, "checkpoint.pt"))
-        torch.save({"state": net.state_dict(), "history": history.history, "params": history.params,
-                    "scores": scores, "local_scores": local_scores, "predictions": predictions,
-                    "world_size": history.params["world_size"],
-                    "lr_after": [g["lr"] for g in model.optimizer.param_groups]},
+        torch.save({**outcome(net, model, history), "scores": scores, "local_scores": local_scores,
+                    "predictions": predictions, "world_size": history.params["world_size"], "linear": linear},
                    os.path.join(args.out, "result.pt"))
+
+
+def outcome(net: torch.nn.Module, model: easyfit.Model, history) -> dict:
+    """What the caller got back: the weights in its own net, the History and the LR its optimizer has after fit."""
+    return {"state": net.state_dict(), "history": history.history, "params": history.params,
+            "lr_after": [g["lr"] for g in model.optimizer.param_groups]}
+
+
+def fit_linear(lr: float, x, y, run: dict, epochs: int) -> dict:
+    """A new Model at `lr`, fitted with linear LR scaling (as a script that trains a second model does)."""
+    net = make_net()
+    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=lr))
+    history = model.fit(x, y, epochs=epochs, batch_size=16, shuffle=False, verbose=0, lr_scaling="linear", **run)
+    return outcome(net, model, history)
 
 
 if __name__ == "__main__":
