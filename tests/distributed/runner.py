@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -29,6 +30,19 @@ def start_script(out: Path, *args: str, env: dict | None = None, script: str = "
     return subprocess.Popen([sys.executable, str(SCRIPTS / script), str(out), *args], env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def launch_once(tmp_path_factory, launch: Callable[..., Any]) -> Callable[..., tuple]:
+    """For a module fixture that tests share: launch(OUT, *key) runs once per key, in a new folder; every call with
+    the key returns (OUT, what that run returned)."""
+    launched = {}
+
+    def run(*key) -> tuple:
+        if key not in launched:
+            out = tmp_path_factory.mktemp("launch")
+            launched[key] = out, launch(out, *key)
+        return launched[key]
+    return run
 
 
 def result(out: Path) -> dict:

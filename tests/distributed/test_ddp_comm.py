@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner import assert_same_weights, make_data, make_net, reference_weights, run_script
+from runner import assert_same_weights, launch_once, make_data, make_net, reference_weights, run_script
 
 import easyfit
 from easyfit.distributed.connector import connect
@@ -66,14 +66,7 @@ def test_fp16_compression_trains_within_tolerance_of_plain_ddp(tmp_path):
 @pytest.fixture(scope="module")
 def resumed_runs(tmp_path_factory):
     """resumed_runs(*options) -> (OUT, ranks) of one --resume launch per set of options, shared by the tests."""
-    launched = {}
-
-    def run(*options: str) -> tuple:
-        if options not in launched:
-            out = tmp_path_factory.mktemp("resumed")
-            launched[options] = out, run_ranks(out, *options, "--resume")
-        return launched[options]
-    return run
+    return launch_once(tmp_path_factory, lambda out, *options: run_ranks(out, *options, "--resume"))
 
 
 POWERSGD = ("--comm-hook", "powersgd", "--epochs", "4")

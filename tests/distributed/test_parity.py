@@ -6,6 +6,7 @@ import torch
 from runner import (
     assert_exact_evaluation,
     assert_same_weights,
+    launch_once,
     make_data,
     make_net,
     reference_weights,
@@ -37,15 +38,10 @@ def _check_run(process, out, lr_expected: float) -> dict:
 def launched(tmp_path_factory):
     """launched(strategy) -> (OUT, result.pt) of one launch per strategy, shared by the tests: lr 0.1 without LR
     scaling, then a new Model at lr 0.05 with linear scaling (as a script that trains a second model does)."""
-    found = {}
-
-    def launch(strategy: str) -> tuple:
-        if strategy not in found:
-            out = tmp_path_factory.mktemp(strategy)
-            process = run_script(out, strategy, "--lr", "0.1", "--lr-scaling", "none", "--then-linear", "0.05")
-            found[strategy] = out, _check_run(process, out, lr_expected=0.1)
-        return found[strategy]
-    return launch
+    def launch(out, strategy: str) -> dict:
+        process = run_script(out, strategy, "--lr", "0.1", "--lr-scaling", "none", "--then-linear", "0.05")
+        return _check_run(process, out, lr_expected=0.1)
+    return launch_once(tmp_path_factory, launch)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
