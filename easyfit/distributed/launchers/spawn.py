@@ -37,6 +37,8 @@ RESULT_FILE = "result.pt"
 #: what the fork server imports before it forks a rank: easyfit with torch, and torchmetrics where the caller has
 #: imported it (its metric objects then reach every rank; the import costs 3.5 s on a 2-core machine)
 PRELOADED = ["easyfit"]
+#: imported by the server too where the caller has them, as each rank would import them again
+PRELOADED_IF_CALLER_HAS = ("torch._dynamo", "torchmetrics")
 #: the file descriptors of standard output and error
 OUTPUTS = (1, 2)
 WATCH_INTERVAL = 0.1
@@ -106,11 +108,13 @@ def _stop_processes(processes) -> None:
 
 def process_start(start_method: str) -> str:
     """multiprocessing's start method for a launcher's: "spawn" as "forkserver" where there is one, the server
-    importing PRELOADED before it forks its first rank."""
+    importing PRELOADED, and what the caller has imported that each rank would import again (torch._dynamo, which
+    every optimizer imports, 1.2 s a process; torchmetrics), before it forks its first rank."""
     if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return start_method
     # read when the server starts: the first call
-    multiprocessing.set_forkserver_preload(PRELOADED + (["torchmetrics"] if "torchmetrics" in sys.modules else []))
+    loaded = [name for name in PRELOADED_IF_CALLER_HAS if name in sys.modules]
+    multiprocessing.set_forkserver_preload(PRELOADED + loaded)
     return "forkserver"
 
 
