@@ -43,6 +43,15 @@ def pytest_configure(config):
     share_the_cores()
 
 
+@pytest.fixture
+def all_cores():
+    """The test runs with a thread per core, as a user's process starts (a pytest-xdist worker has its share)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(available_cores())
+    yield
+    torch.set_num_threads(previous)
+
+
 def share_the_cores() -> None:
     """A pytest-xdist worker trains with its share of the cores (`-n auto`: one thread each), unless OMP_NUM_THREADS
     chose. With a thread per core in every worker, each in-process test's threads waited, spinning, for cores the other

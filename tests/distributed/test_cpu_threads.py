@@ -51,9 +51,9 @@ def test_what_the_user_chose_is_kept(four_cores, monkeypatch, chosen):
     assert torch.get_num_threads() == before and share.note is None
 
 
-@pytest.mark.skipif(available_cores() < 2 or torch.get_num_threads() < 2, reason="needs 2 cores to share")
+@pytest.mark.skipif(available_cores() < 2, reason="needs 2 cores to share")
 @pytest.mark.timeout(240)
-def test_spawned_ranks_train_with_their_share_and_the_summary_says_so(monkeypatch, capfd):
+def test_spawned_ranks_train_with_their_share_and_the_summary_says_so(all_cores, monkeypatch, capfd):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     threads = Threads()

@@ -170,8 +170,8 @@ class Threads(easyfit.callbacks.Callback):
         self.threads = torch.get_num_threads()
 
 
-@pytest.mark.skipif(available_cores() < 2 or torch.get_num_threads() < 2, reason="needs 2 cores to share")
-def test_ranks_on_the_cpu_train_with_their_share_of_the_cores(monkeypatch, capfd):
+@pytest.mark.skipif(available_cores() < 2, reason="needs 2 cores to share")
+def test_ranks_on_the_cpu_train_with_their_share_of_the_cores(all_cores, monkeypatch, capfd):
     import cloudpickle
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
