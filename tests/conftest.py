@@ -9,7 +9,7 @@ import pytest
 import torch
 from nets import tiny_net
 
-from easyfit.distributed.strategy_parts.cpu_threads import available_cores
+from easyfit.distributed.strategy_parts.cpu_threads import CoreShare, available_cores
 
 
 @pytest.fixture
@@ -60,9 +60,8 @@ def share_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
-    share = max(1, min(torch.get_num_threads(), available_cores() // workers))
-    torch.set_num_threads(share)
-    if share == 1:   # read when inductor's config is first imported: a pool of compile processes has no core to use
+    CoreShare().apply(workers)   # easyfit's own share for ranks on one machine's CPU, kept for the session
+    if torch.get_num_threads() == 1:   # read when inductor's config is first imported: a compile pool has no core
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 

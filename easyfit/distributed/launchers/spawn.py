@@ -34,10 +34,10 @@ from easyfit.distributed.pickling import check_picklable
 from easyfit.saving.checkpoint import save_file_atomically
 
 RESULT_FILE = "result.pt"
-#: what the fork server imports before it forks a rank: easyfit with torch, and torchmetrics where the caller has
-#: imported it (its metric objects then reach every rank; the import costs 3.5 s on a 2-core machine)
+#: what the fork server imports before it forks a rank: easyfit with torch
 PRELOADED = ["easyfit"]
-#: imported by the server too where the caller has them, as each rank would import them again
+#: imported by the server too where the caller has them, as each rank would import them again: torch._dynamo (every
+#: torch optimizer imports it, 1.2 s a process) and torchmetrics (the caller's metric objects reach every rank; 3.5 s)
 PRELOADED_IF_CALLER_HAS = ("torch._dynamo", "torchmetrics")
 #: the file descriptors of standard output and error
 OUTPUTS = (1, 2)
@@ -108,8 +108,7 @@ def _stop_processes(processes) -> None:
 
 def process_start(start_method: str) -> str:
     """multiprocessing's start method for a launcher's: "spawn" as "forkserver" where there is one, the server
-    importing PRELOADED, and what the caller has imported that each rank would import again (torch._dynamo, which
-    every optimizer imports, 1.2 s a process; torchmetrics), before it forks its first rank."""
+    importing PRELOADED and those of PRELOADED_IF_CALLER_HAS the caller has imported before it forks its first rank."""
     if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return start_method
     # read when the server starts: the first call
