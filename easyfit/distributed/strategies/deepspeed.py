@@ -3,8 +3,11 @@
 The DeepSpeed engine owns the step: it scales the loss for accumulation, reduces and partitions gradients, clips,
 steps the optimizer and zeroes the gradients. The user's optimizer is rebuilt over a copy of the net and handed to
 the engine as its client optimizer, so no C++ optimizer op has to compile (a "optimizer" section in the user's config
-asks DeepSpeed for its own instead). Checkpoints hold the full fp32 weights and the optimizer state in the plain
-optimizer's format (gathered from every rank), or, with `state_dict_type="sharded"`, DeepSpeed's own directory.
+asks DeepSpeed for its own instead). Nor does DeepSpeed's shared-memory all-reduce for CPUs, which only its inference
+layers call: training's collectives go through torch.distributed (see `deepspeed_for_training`).
+
+Checkpoints hold the full fp32 weights and the optimizer state in the plain optimizer's format (gathered from every
+rank), or, with `state_dict_type="sharded"`, DeepSpeed's own directory.
 
 At stage 3, `module_construction()` is `deepspeed.zero.Init`: each parameter is partitioned as its module is built,
 and the engine trains the user's net itself (zero_init makes it a plain module again at the end of fit).
@@ -40,6 +43,18 @@ from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_V
 from easyfit.utils.tensors import map_tensors
 
 STATE_FORMATS = ("full", "sharded")
+
+
+def deepspeed_for_training(strategy: str):
+    """The deepspeed package, told not to build its shared-memory all-reduce op for CPUs (`ShareMemCommBuilder`).
+    DeepSpeed compiles that C++ op as its communication backend starts, 30-60 s on a machine's first fit, and only its
+    inference all-reduce calls it, falling back to torch.distributed's all-reduce without it; training never does."""
+    deepspeed = require("deepspeed", "deepspeed", strategy)
+    from deepspeed.accelerator import get_accelerator
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")   # None where the accelerator has no such op
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False   # the table of ops DeepSpeed may build
+    return deepspeed
 
 
 class DeepSpeedPrecision(Precision):
@@ -157,7 +172,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         if self.stage != 3:
             return contextlib.nullcontext()
         join_ranks(self)
-        deepspeed = require("deepspeed", "deepspeed", self.name)
+        deepspeed = deepspeed_for_training(self.name)
         return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
 
     def setup_environment(self) -> None:
@@ -166,10 +181,10 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         for variable, value in (("LOCAL_RANK", self.local_rank), ("RANK", self.global_rank),
                                 ("WORLD_SIZE", self.world_size)):
             os.environ.setdefault(variable, str(value))
-        require("deepspeed", "deepspeed", self.name).init_distributed(dist_backend=self.process_group_backend)
+        deepspeed_for_training(self.name).init_distributed(dist_backend=self.process_group_backend)
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        deepspeed = require("deepspeed", "deepspeed", self.name)
+        deepspeed = deepspeed_for_training(self.name)
         num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
         config = self.config(num_params)
         sizing_note = DeepSpeedConfig.describe(config)
