@@ -1,8 +1,8 @@
 """Memory-sharded strategies on 2 CPU processes (gloo): they train what plain PyTorch trains on the combined batch,
 they really shard, and their checkpoints load into a plain net and resume exactly.
 
-Each launch runs several strategies and several checks (tests/distributed/scripts/sharded.py): starting processes and
-the backends' set-up is what costs time here."""
+Each launch runs several strategies and several checks (tests/distributed/scripts/sharded.py), and the tests of one
+family of strategies share its launch: starting processes and the backends' set-up is what costs time here."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from runner import SCRIPTS, make_data, make_net, run_script
+from runner import SCRIPTS, launch_once, make_data, make_net, run_script
 
 import easyfit
 from easyfit.distributed.environments import find_free_port
@@ -30,6 +30,9 @@ DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offloa
              "deepspeed_stage_3_offload"]
 #: parameters sharded too (not only optimizer state)
 PARAMETER_SHARDING = {"fsdp", "fsdp_cpu_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"}
+#: the launch each family's tests share: its checks, its strategies (ddp: the memory baseline), the sharded formats
+TORCH_LAUNCH = ("parity,memory,checkpoint", ("ddp", *TORCH_ONLY), "--sharded", "fsdp")
+DEEPSPEED_LAUNCH = ("parity,memory,checkpoint", ("ddp", *DEEPSPEED), "--sharded", "deepspeed_stage_2,deepspeed_stage_3")
 
 
 def reference(epochs: int, accumulate: int = 1, clip: float | None = None, lr: float = 0.01) -> dict:
@@ -60,6 +63,15 @@ def run(tmp_path, checks: str, strategies: list[str], *options: str, timeout: fl
     process = run_script(tmp_path, checks, *strategies, *options, script="sharded.py", timeout=timeout, env=env)
     assert process.returncode == 0, process.stderr[-6000:]
     return {rank: torch.load(path, weights_only=False) for rank, path in enumerate(sorted(tmp_path.glob("[01].pt")))}
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """launch(*TORCH_LAUNCH) -> (its folder, each rank's results), run once for the module; C++ ops DeepSpeed would
+    compile go to the folder's "ops"."""
+    def sharded(out, checks: str, strategies: tuple, *options: str) -> dict:
+        return run(out, checks, list(strategies), *options, env={"TORCH_EXTENSIONS_DIR": str(out / "ops")})
+    return launch_once(tmp_path_factory, sharded)
 
 
 def check_parity(outcome: dict, strategies: list[str]) -> None:
@@ -114,18 +126,18 @@ def check_memory(outcome: dict, strategies: list[str]) -> None:
                 assert ratios["parameters"] <= 0.55, f"{strategy} rank {rank} holds {ratios}"
 
 
-def test_torch_sharded_strategies_match_plain_pytorch_and_shard(tmp_path):
-    outcome = run(tmp_path, "parity,memory", ["ddp", *TORCH_ONLY])
+def test_torch_sharded_strategies_match_plain_pytorch_and_shard(launch):
+    _, outcome = launch(*TORCH_LAUNCH)
     check_parity(outcome, TORCH_ONLY)
     check_memory(outcome, TORCH_ONLY)
 
 
-def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
+def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, tmp_path):
     """Also fsdp's sharded directory: it resumes on 2 processes, converts into one file, and resumes on 1 process."""
-    outcome = run(tmp_path, "checkpoint", TORCH_ONLY, "--sharded", "fsdp")
+    out, outcome = launch(*TORCH_LAUNCH)
     check_checkpoints(outcome, TORCH_ONLY)
     check_sharded_format(outcome, ["fsdp"], tmp_path)
-    one = run(tmp_path, "resume_one", ["fsdp"], "--devices", "1")[0]["fsdp"]["resume_one"]
+    one = run(out, "resume_one", ["fsdp"], "--devices", "1")[0]["fsdp"]["resume_one"]   # the launch's directory
     difference = max_difference(one["resumed"], outcome[0]["fsdp"]["sharded"]["straight"])
     print(f"resume fsdp sharded directory of 2 processes on 1 (same global batch): max difference {difference:.2e}")
     assert one["epochs"] == 8 and difference <= 1e-5
@@ -141,11 +153,11 @@ def test_the_conversion_command_writes_one_file_and_refuses_other_directories(tm
 
 
 @NEEDS_DEEPSPEED
-def test_deepspeed_stages_match_plain_pytorch_and_shard(tmp_path):
+def test_deepspeed_stages_match_plain_pytorch_and_shard(launch):
     """Every stage trains without compiling a C++ op, DeepSpeed's shared-memory all-reduce included (its inference
-    layers' only, and 30-60 s on a machine's first fit): nothing is built in a new op folder."""
-    ops = tmp_path / "ops"
-    outcome = run(tmp_path, "parity,memory", ["ddp", *DEEPSPEED], env={"TORCH_EXTENSIONS_DIR": str(ops)})
+    layers' only, and 30-60 s on a machine's first fit): nothing is built in the launch's new op folder."""
+    out, outcome = launch(*DEEPSPEED_LAUNCH)
+    ops = out / "ops"
     check_parity(outcome, DEEPSPEED)
     check_memory(outcome, DEEPSPEED)
     assert not ops.exists() or not any(ops.iterdir()), f"the fits compiled {sorted(ops.rglob('*.so'))}"
@@ -168,9 +180,9 @@ def test_deepspeed_under_its_own_launcher_matches_plain_pytorch(tmp_path):
 
 
 @NEEDS_DEEPSPEED
-def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(tmp_path):
+def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, tmp_path):
     """Also DeepSpeed's own directory (stages 2 and 3): it resumes and converts into one plain file."""
-    outcome = run(tmp_path, "checkpoint", DEEPSPEED, "--sharded", "deepspeed_stage_2,deepspeed_stage_3")
+    _, outcome = launch(*DEEPSPEED_LAUNCH)
     check_checkpoints(outcome, DEEPSPEED)
     check_sharded_format(outcome, ["deepspeed_stage_2", "deepspeed_stage_3"], tmp_path)
 
