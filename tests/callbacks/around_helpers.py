@@ -32,17 +32,20 @@ def available_checks() -> list[str]:
 
 
 def run_around(out: Path, strategy: str, checks: list[str], timeout: float = 500) -> dict:
-    """{check: [rank 0's result, rank 1's result]} (one result with a spawning strategy)."""
+    """{check: [rank 0's result, rank 1's result]} (one result with a spawning strategy), and the launch's stderr."""
+    return run_around_each(out, [strategy], checks, timeout)[strategy]
+
+
+def run_around_each(out: Path, strategies: list[str], checks: list[str], timeout: float = 500) -> dict:
+    """One launch that runs the checks under each strategy in turn: {strategy: what run_around returns}."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
-    process = subprocess.run([sys.executable, str(SCRIPT), str(out), strategy, ",".join(checks)], env=env, cwd=out,
-                             capture_output=True, text=True, timeout=timeout)
+    process = subprocess.run([sys.executable, str(SCRIPT), str(out), ",".join(strategies), ",".join(checks)],
+                             env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
     assert process.returncode == 0, process.stderr[-6000:]
-    results = {}
-    for check in checks:
-        files = sorted(out.glob(f"{check}-*.pt"))
-        results[check] = [torch.load(path, weights_only=False) for path in files]
-    results["stderr"] = process.stderr
-    return results
+    return {strategy: {**{check: [torch.load(path, weights_only=False)
+                                  for path in sorted(out.glob(f"result-{strategy}-{check}-*.pt"))]
+                          for check in checks}, "stderr": process.stderr}
+            for strategy in strategies}
 
 
 def hand_ema(epochs: int, decay: float, lr: float = 0.1, batch: int = 32, every: int = 1) -> tuple[dict, list]:

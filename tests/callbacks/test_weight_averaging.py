@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from around_helpers import hand_ema, hand_swa, make_data, make_net, max_difference, run_around
+from around_helpers import hand_ema, hand_swa, make_data, make_net, max_difference, run_around_each
 from torch import nn
 from torch.optim.swa_utils import SWALR, update_bn
 
@@ -17,6 +17,9 @@ from easyfit.callbacks import EMA, SWA, ModelCheckpoint
 from easyfit.saving.checkpoint import FSDP_META_FILE
 
 LR = 0.1
+HAVE_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+#: the sharding strategies whose EMA one launch checks, in turn
+SHARDED = ["fsdp", "fsdp_sharded", "tp", *(["deepspeed_stage_3"] if HAVE_DEEPSPEED else [])]
 
 
 def model_for(net=None, **kwargs) -> easyfit.Model:
@@ -137,6 +140,7 @@ def check_averaged_run(results: list[dict], checkpoint_file: str = "") -> None:
     """Each rank's net holds the hand-computed averages after the fit; validation ran them; the resume from epoch 2
     ends with the same averages; the checkpoint (or `checkpoint_file` in its directory) loads as data and holds the
     whole averages."""
+    assert len(results) == 2, f"{len(results)} results: one a rank expected"
     averaged, losses = hand_ema(3, 0.9)
     for result in results:
         assert max_difference(result["averaged"], averaged) <= 1e-6
@@ -149,32 +153,37 @@ def check_averaged_run(results: list[dict], checkpoint_file: str = "") -> None:
 
 @pytest.mark.timeout(600)
 def test_ema_under_ddp_on_two_processes(ddp_around):
-    assert len(ddp_around["ema"]) == 2
     check_averaged_run(ddp_around["ema"])
 
 
-@pytest.mark.timeout(600)
-def test_ema_under_fsdp_averages_each_shard_and_hands_back_the_full_average(tmp_path):
-    check_averaged_run(run_around(tmp_path, "fsdp", ["ema"])["ema"])
+@pytest.fixture(scope="module")
+def sharded_ema(tmp_path_factory) -> dict:
+    """EMA under each of SHARDED, one 2-process launch (starting processes is what costs time)."""
+    return run_around_each(tmp_path_factory.mktemp("around-sharded"), SHARDED, ["ema"], timeout=550)
 
 
 @pytest.mark.timeout(600)
-def test_ema_under_fsdp_with_sharded_checkpoints_saves_and_resumes_the_whole_average(tmp_path):
+def test_ema_under_fsdp_averages_each_shard_and_hands_back_the_full_average(sharded_ema):
+    check_averaged_run(sharded_ema["fsdp"]["ema"])
+
+
+@pytest.mark.timeout(600)
+def test_ema_under_fsdp_with_sharded_checkpoints_saves_and_resumes_the_whole_average(sharded_ema):
     """FSDP(state_dict_type="sharded") checkpoints are torch.distributed.checkpoint directories; EMA's averages go
     into their metadata file whole (each rank's shard gathered), and the resume cuts them again."""
-    check_averaged_run(run_around(tmp_path, "fsdp_sharded", ["ema"])["ema"], FSDP_META_FILE)
+    check_averaged_run(sharded_ema["fsdp_sharded"]["ema"], FSDP_META_FILE)
 
 
 @pytest.mark.timeout(600)
-def test_ema_under_tensor_parallel_averages_each_shard_and_hands_back_the_full_average(tmp_path):
+def test_ema_under_tensor_parallel_averages_each_shard_and_hands_back_the_full_average(sharded_ema):
     """strategy="tp": the averages are DTensors split as the weights are; the checkpoint holds them whole."""
-    check_averaged_run(run_around(tmp_path, "tp", ["ema"])["ema"])
+    check_averaged_run(sharded_ema["tp"]["ema"])
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install easyfit[deepspeed]")
-def test_ema_under_deepspeed_zero3_averages_each_ranks_fp32_partition(tmp_path):
-    check_averaged_run(run_around(tmp_path, "deepspeed_stage_3", ["ema"])["ema"])
+@pytest.mark.skipif(not HAVE_DEEPSPEED, reason="pip install easyfit[deepspeed]")
+def test_ema_under_deepspeed_zero3_averages_each_ranks_fp32_partition(sharded_ema):
+    check_averaged_run(sharded_ema["deepspeed_stage_3"]["ema"])
 
 
 @pytest.mark.timeout(600)

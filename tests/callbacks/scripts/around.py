@@ -1,8 +1,8 @@
 """The callbacks around the fit on 2 CPU processes, as a real program (several checks per launch: starting processes
 is what costs time).
 
-Usage: python around.py OUT_DIR STRATEGY CHECK[,CHECK...]
-STRATEGY is a strategy's name, or fsdp_sharded: FSDP(state_dict_type="sharded").
+Usage: python around.py OUT_DIR STRATEGY[,STRATEGY...] CHECK[,CHECK...]
+STRATEGY is a strategy's name, or fsdp_sharded: FSDP(state_dict_type="sharded"); each runs every CHECK, in turn.
 CHECK is one of:
   ema         EMA(0.9), SGD, 3 epochs with validation and a checkpoint per epoch; then a resume from epoch 2
   swa         SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1), SGD, 3 epochs
@@ -11,8 +11,8 @@ CHECK is one of:
   profiler    Profiler(wait=1, warmup=1, active=2) writing OUT_DIR/profile
   tracking    MLflowLogger (sqlite under OUT_DIR) and WandbLogger (offline, under OUT_DIR/wandb), 3 epochs
   restart     tracking and EMA in a fit with max_restarts=1 whose rank 1 fails in epoch 2 on the first attempt
-Each rank writes OUT_DIR/<CHECK>-<rank>.pt with what it measured. With STRATEGY ddp_spawn / ddp_fork the script
-runs once (the fits start the ranks) and writes <CHECK>-0.pt.
+Each rank writes OUT_DIR/result-<STRATEGY>-<CHECK>-<rank>.pt with what it measured. With STRATEGY ddp_spawn /
+ddp_fork the script runs once (the fits start the ranks) and writes result-<STRATEGY>-<CHECK>-0.pt.
 """
 import os
 import sys
@@ -142,12 +142,13 @@ CHECKS = {"ema": ema, "swa": swa, "optuna": optuna_search, "throughput": through
 
 
 def main() -> None:
-    out, strategy, checks = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    out, strategies, checks = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
     os.environ.update(WANDB_SILENT="true", WANDB_MODE="offline")
-    for check in checks:
-        result = CHECKS[check](strategy, out)
-        rank = launch_identity()[0]
-        torch.save(result, os.path.join(out, f"{check}-{rank}.pt"))
+    for strategy in strategies:
+        for check in checks:
+            result = CHECKS[check](strategy, out)
+            rank = launch_identity()[0]
+            torch.save(result, os.path.join(out, f"result-{strategy}-{check}-{rank}.pt"))
 
 
 if __name__ == "__main__":
