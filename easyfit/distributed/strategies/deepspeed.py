@@ -46,7 +46,8 @@ STATE_FORMATS = ("full", "sharded")
 
 
 def deepspeed_for_training(strategy: str):
-    """The deepspeed package, told not to build its shared-memory all-reduce op for CPUs (`ShareMemCommBuilder`).
+    """The deepspeed package, told not to build its shared-memory all-reduce op for CPUs (`ShareMemCommBuilder`), for
+    `setup_environment` to start DeepSpeed's communication backend with (every other use comes after it).
     DeepSpeed compiles that C++ op as its communication backend starts, 30-60 s on a machine's first fit, and only its
     inference all-reduce calls it, falling back to torch.distributed's all-reduce without it; training never does."""
     deepspeed = require("deepspeed", "deepspeed", strategy)
@@ -171,8 +172,8 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         ranks meet here). Stages 1 and 2 keep full parameters in every process: the net is built as usual."""
         if self.stage != 3:
             return contextlib.nullcontext()
-        join_ranks(self)
-        deepspeed = deepspeed_for_training(self.name)
+        join_ranks(self)   # setup_environment(): DeepSpeed's communication backend starts there
+        deepspeed = require("deepspeed", "deepspeed", self.name)
         return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
 
     def setup_environment(self) -> None:
@@ -184,7 +185,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         deepspeed_for_training(self.name).init_distributed(dist_backend=self.process_group_backend)
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        deepspeed = deepspeed_for_training(self.name)
+        deepspeed = require("deepspeed", "deepspeed", self.name)
         num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
         config = self.config(num_params)
         sizing_note = DeepSpeedConfig.describe(config)
