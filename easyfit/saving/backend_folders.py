@@ -16,6 +16,7 @@ import pickle
 import torch
 
 from easyfit.saving.checkpoint import load_data, untrusted
+from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 
 #: the classes (and functions that only rebuild a value) torch's checkpoint metadata pickles
 DCP_GLOBALS = {
@@ -54,9 +55,10 @@ def check_dcp_folder(directory: str) -> None:
 def deepspeed_globals() -> tuple:
     """The plain records DeepSpeed's checkpoint files pickle besides data: its loss scalers, the ZeRO stage and the
     place of a parameter's fragment."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+    with autotuner_tracker_hidden():
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
     return LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address
 
 

@@ -29,6 +29,7 @@ from easyfit.saving.checkpoint import (
     load_data,
     save_checkpoint_file,
 )
+from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 
 
 def convert_checkpoint(source: str | os.PathLike, destination: str | os.PathLike, trusted: bool = False) -> None:
@@ -78,7 +79,8 @@ def read_fsdp(directory: str, trusted: bool = False) -> dict:
 
 def read_deepspeed(directory: str, trusted: bool = False) -> dict:
     """The full state of a DeepSpeed ZeRO checkpoint directory (any stage): fp32 weights and optimizer state."""
-    from deepspeed.utils import zero_to_fp32
+    with autotuner_tracker_hidden():
+        from deepspeed.utils import zero_to_fp32
     with open(os.path.join(directory, "latest"), encoding="utf-8") as file:
         folder = os.path.join(directory, file.read().strip())
     model_files = zero_to_fp32.get_model_state_files(folder)

@@ -3,4 +3,5 @@
 - `tensors`: one walk over nested tuples, lists and dicts of tensors.
 - `checks`: argument checks of the public calls, each naming what was wrong and how to fix it.
 - `plotting`: training curves from a History.
+- `deepspeed_import`: deepspeed imported without the experiment tracker its autotuner loads.
 """

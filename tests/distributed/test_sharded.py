@@ -5,10 +5,12 @@ Each launch runs several strategies and several checks (tests/distributed/script
 family of strategies share its launch: starting processes and the backends' set-up is what costs time here."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ import easyfit
 from easyfit.distributed.environments import find_free_port
 from easyfit.parts.precision import cpu_supports_fp16
 from easyfit.saving.convert import convert_checkpoint
+from easyfit.utils.deepspeed_import import AUTOTUNER_TRACKER, autotuner_tracker_hidden
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -155,12 +158,14 @@ def test_the_conversion_command_writes_one_file_and_refuses_other_directories(tm
 @NEEDS_DEEPSPEED
 def test_deepspeed_stages_match_plain_pytorch_and_shard(launch):
     """Every stage trains without compiling a C++ op, DeepSpeed's shared-memory all-reduce included (its inference
-    layers' only, and 30-60 s on a machine's first fit): nothing is built in the launch's new op folder."""
+    layers' only, and 30-60 s on a machine's first fit): nothing is built in the launch's new op folder. Nor does a
+    rank import mlflow, which DeepSpeed's autotuner loads with deepspeed where it is installed (1.6 CPU-s a rank)."""
     out, outcome = launch(*DEEPSPEED_LAUNCH)
     ops = out / "ops"
     check_parity(outcome, DEEPSPEED)
     check_memory(outcome, DEEPSPEED)
     assert not ops.exists() or not any(ops.iterdir()), f"the fits compiled {sorted(ops.rglob('*.so'))}"
+    assert [outcome[rank]["mlflow_imported"] for rank in (0, 1)] == [False, False]
 
 
 @NEEDS_DEEPSPEED
@@ -236,6 +241,22 @@ def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch):
     with pytest.raises(ImportError, match=r"strategy 'ddp_sharded' needs the fairscale package.*"
                                           r"pip install easyfit\[fairscale\]"):
         require("fairscale.optim.oss", "fairscale", "ddp_sharded")
+
+
+def test_deepspeed_s_first_import_takes_mlflow_for_absent_and_leaves_it_importable(monkeypatch):
+    """DeepSpeed's autotuner imports mlflow with deepspeed, where it is installed, for tuning runs a fit never starts:
+    around deepspeed's first import mlflow reads as absent, and imports as usual after; a tracker the user imported
+    before is left alone."""
+    monkeypatch.delitem(sys.modules, "deepspeed", raising=False)
+    monkeypatch.delitem(sys.modules, AUTOTUNER_TRACKER, raising=False)
+    with autotuner_tracker_hidden():
+        with pytest.raises(ImportError):
+            importlib.import_module(AUTOTUNER_TRACKER)
+    assert AUTOTUNER_TRACKER not in sys.modules
+    users = types.ModuleType(AUTOTUNER_TRACKER)
+    monkeypatch.setitem(sys.modules, AUTOTUNER_TRACKER, users)
+    with autotuner_tracker_hidden():
+        assert importlib.import_module(AUTOTUNER_TRACKER) is users
 
 
 def test_the_rebuilt_optimizer_keeps_class_hyper_parameters_and_groups():

@@ -40,17 +40,20 @@ from easyfit.distributed.strategy_parts.sharding import (
 from easyfit.parts.precision import Precision, cpu_supports_fp16
 from easyfit.saving.backend_folders import check_deepspeed_folder
 from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION, as_data
+from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 from easyfit.utils.tensors import map_tensors
 
 STATE_FORMATS = ("full", "sharded")
 
 
 def deepspeed_for_training(strategy: str):
-    """The deepspeed package, told not to build its shared-memory all-reduce op for CPUs (`ShareMemCommBuilder`), for
+    """The deepspeed package (imported without the tracker its autotuner loads: `autotuner_tracker_hidden`), told
+    not to build its shared-memory all-reduce op for CPUs (`ShareMemCommBuilder`), for
     `setup_environment` to start DeepSpeed's communication backend with (every other use comes after it).
     DeepSpeed compiles that C++ op as its communication backend starts, 30-60 s on a machine's first fit, and only its
     inference all-reduce calls it, falling back to torch.distributed's all-reduce without it; training never does."""
-    deepspeed = require("deepspeed", "deepspeed", strategy)
+    with autotuner_tracker_hidden():
+        deepspeed = require("deepspeed", "deepspeed", strategy)
     from deepspeed.accelerator import get_accelerator
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")   # None where the accelerator has no such op
     if builder is not None:

@@ -164,6 +164,7 @@ def main() -> None:
             found["sharded"] = sharded(strategy, args.devices, args.out)
         if "resume_one" in checks:
             found["resume_one"] = resume_one(args.out)
+    results["mlflow_imported"] = "mlflow" in sys.modules   # DeepSpeed's autotuner would import it with deepspeed
     torch.save(results, os.path.join(args.out, f"{launch_identity()[0]}.pt"))
 
 
