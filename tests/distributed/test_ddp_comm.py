@@ -1,10 +1,11 @@
 """DDP communication options on 2 CPU processes (gloo): compressed gradients (fp16, PowerSGD) and periodic model
-averaging (post-local SGD), against plain PyTorch; bf16 needs NCCL and is refused on gloo before training."""
+averaging (post-local SGD), against plain PyTorch; bf16 needs NCCL and is refused on gloo before training. The
+trained cases run one after the other in one launch that the tests share (starting the ranks is most of a case's cost)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from runner import assert_same_weights, launch_once, make_data, make_net, reference_weights, run_script
+from runner import assert_same_weights, make_data, make_net, reference_weights, run_script
 
 import easyfit
 from easyfit.distributed.connector import connect
@@ -17,10 +18,17 @@ pytestmark = pytest.mark.timeout(300)
 FP16_TOLERANCE = 1e-4
 
 
-def run_ranks(out, *args: str) -> list[dict]:
-    process = run_script(out, *args, script="ddp_comm_train.py", timeout=240)
+#: the cases of tests/distributed/scripts/ddp_comm_train.py, all run in one launch that the tests share
+CASES = ("fp16", "powersgd", "averaging", "averaging_resumed", "averaging_warmup")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(OUT, {case: [rank 0's result, rank 1's]}) of the one launch of every case."""
+    out = tmp_path_factory.mktemp("ddp_comm")
+    process = run_script(out, *CASES, script="ddp_comm_train.py", timeout=400)
     assert process.returncode == 0, process.stderr[-4000:]
-    return [torch.load(out / f"rank-{rank}.pt") for rank in (0, 1)]
+    return out, {case: [torch.load(out / f"{case}-rank-{rank}.pt") for rank in (0, 1)] for case in CASES}
 
 
 def local_sgd_reference(period: int, epochs: int = 2, batch: int = 16, lr: float = 0.1,
@@ -53,8 +61,8 @@ def local_sgd_reference(period: int, epochs: int = 2, batch: int = 16, lr: float
     return history
 
 
-def test_fp16_compression_trains_within_tolerance_of_plain_ddp(tmp_path):
-    ranks = run_ranks(tmp_path, "--comm-hook", "fp16")
+def test_fp16_compression_trains_within_tolerance_of_plain_ddp(runs):
+    ranks = runs[1]["fp16"]
     expected = reference_weights(0.1)
     difference = max((ranks[0]["state"][name] - value).abs().max().item() for name, value in expected.items())
     print(f"max |fp16 - fp32| = {difference:.2e}")
@@ -63,17 +71,8 @@ def test_fp16_compression_trains_within_tolerance_of_plain_ddp(tmp_path):
     assert_same_weights(ranks[1]["state"], ranks[0]["state"], atol=0)
 
 
-@pytest.fixture(scope="module")
-def resumed_runs(tmp_path_factory):
-    """resumed_runs(*options) -> (OUT, ranks) of one --resume launch per set of options, shared by the tests."""
-    return launch_once(tmp_path_factory, lambda out, *options: run_ranks(out, *options, "--resume"))
-
-
-POWERSGD = ("--comm-hook", "powersgd", "--epochs", "4")
-
-
-def test_powersgd_trains_keeps_ranks_equal_and_resumes(resumed_runs):
-    ranks = resumed_runs(*POWERSGD)[1]
+def test_powersgd_trains_keeps_ranks_equal_and_resumes(runs):
+    ranks = runs[1]["powersgd"]
     losses = ranks[0]["history"]["loss"]
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert_same_weights(ranks[1]["state"], ranks[0]["state"], atol=0)
@@ -82,24 +81,23 @@ def test_powersgd_trains_keeps_ranks_equal_and_resumes(resumed_runs):
         torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("options", [POWERSGD, ("--period", "3", "--warmup", "6")],
-                         ids=["powersgd", "averaging_warmup"])
-def test_a_resumed_fit_continues_the_communication_hook_exactly(resumed_runs, options):
+@pytest.mark.parametrize("case", ["powersgd", "averaging_warmup"])
+def test_a_resumed_fit_continues_the_communication_hook_exactly(runs, case):
     """1 epoch saved by ModelCheckpoint + a resumed fit equals the straight fit (both in one launch): the checkpoint
     holds every rank's hook state. PowerSGD: its error feedback and step count (compression starts after step 2).
     Post-local SGD with a 6-step warmup, resumed after step 4 (an averaging point): 2 more steps of global
     averaging, not 6."""
-    out, ranks = resumed_runs(*options)
+    out, ranks = runs[0], runs[1][case]
     difference = max((ranks[0]["state"][name] - value).abs().max().item()
                      for name, value in ranks[0]["straight"].items())
-    print(f"{options}: resumed vs straight, max weight difference {difference:.1e}")
+    print(f"{case}: resumed vs straight, max weight difference {difference:.1e}")
     assert difference <= 1e-7
-    checkpoint = torch.load(out / "epoch1.pt", weights_only=True)
+    checkpoint = torch.load(out / f"{case}-epoch1.pt", weights_only=True)
     assert len(checkpoint["communication"]) == 2 and checkpoint["communication"][0]["iter"] > 0
 
 
-def test_model_averaging_ranks_agree_exactly_at_averaging_points_only(tmp_path):
-    ranks = run_ranks(tmp_path, "--period", "3")
+def test_model_averaging_ranks_agree_exactly_at_averaging_points_only(runs):
+    ranks = runs[1]["averaging"]
     first, second = ranks[0]["snapshots"], ranks[1]["snapshots"]
     assert len(first) == 8
     for step, (mine, theirs) in enumerate(zip(first, second), start=1):
@@ -113,15 +111,15 @@ def test_model_averaging_ranks_agree_exactly_at_averaging_points_only(tmp_path):
     assert losses[-1] < losses[0]
 
 
-def test_model_averaging_resumes_where_it_stood(tmp_path):
+def test_model_averaging_resumes_where_it_stood(runs):
     """Epoch 1 (4 steps) saved by ModelCheckpoint, then resumed: the averager's step count comes back with the
     optimizer state, so epoch 2 averages after step 7 as a straight run does (a restarted count would average after
     steps 5 and 8). Every rank starts epoch 2 from rank 0's weights, which the checkpoint holds."""
-    ranks = run_ranks(tmp_path, "--period", "3", "--resume")
+    out, ranks = runs[0], runs[1]["averaging_resumed"]
     expected = local_sgd_reference(period=3, resumed_after=4)
     for step, (actual, wanted) in enumerate(zip(ranks[0]["snapshots"], expected[4:]), start=5):
         torch.testing.assert_close(actual, wanted, rtol=0, atol=1e-5, msg=f"step {step} vs plain PyTorch")
-    checkpoint = torch.load(tmp_path / "epoch1.pt", weights_only=True)
+    checkpoint = torch.load(out / "averaging_resumed-epoch1.pt", weights_only=True)
     assert checkpoint["optimizer"]["step"] == 4, "the averager's step is saved with the optimizer"
 
 
