@@ -1,6 +1,6 @@
 """DDP communication options on 2 CPU processes (gloo): compressed gradients (fp16, PowerSGD) and periodic model
 averaging (post-local SGD), against plain PyTorch; bf16 needs NCCL and is refused on gloo before training. The
-trained cases run one after the other in one launch that the tests share (starting the ranks is most of a case's cost)."""
+trained cases run one after the other in one launch that the tests share (starting ranks is most of a case's cost)."""
 from __future__ import annotations
 
 import pytest
