@@ -1,10 +1,10 @@
 """Tiny Hugging Face models trained by one easyfit fit with loss="model" on a `datasets.Dataset`, as a real program
 on several processes.
 
-Usage: python hf_train.py OUT_DIR STRATEGY CASE[,CASE...]   (CASE: bert, gpt2, stream)
-Rank 0 writes OUT_DIR/result.pt: {case: weights, history, evaluate() scores, predict() logits}. "stream" trains
-bert on the dataset as a Hugging Face IterableDataset of 2 shards (no evaluation); each rank writes
-OUT_DIR/stream-<rank>.txt: how many batches it trained.
+Usage: python hf_train.py OUT_DIR STRATEGY:CASE[,STRATEGY:CASE...]   (CASE: bert, gpt2, stream)
+The fits run one after the other in the same 2 ranks. Rank 0 writes OUT_DIR/result.pt: {(strategy, case): weights,
+history, evaluate() scores, predict() logits}. "stream" trains bert on the dataset as a Hugging Face IterableDataset
+of 2 shards (no evaluation); each rank writes OUT_DIR/stream-<rank>.txt: how many batches it trained.
 """
 import os
 import sys
@@ -33,11 +33,11 @@ class BatchCount(easyfit.callbacks.Callback):
 
 
 def main() -> None:
-    out, strategy, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    out, runs = sys.argv[1], [tuple(run.split(":")) for run in sys.argv[2].split(",")]
     torch.set_num_threads(1)
-    run = dict(devices=2, accelerator="cpu", strategy=strategy)
     results = {}
-    for case in cases:
+    for strategy, case in runs:
+        run = dict(devices=2, accelerator="cpu", strategy=strategy)
         stream = case == "stream"
         net, data = make_net("bert" if stream else case), dataset("bert" if stream else case)
         model = easyfit.Model(net, "model", "sgd", lr=LR, metrics=["accuracy"] if case != "gpt2" else None)
@@ -45,15 +45,15 @@ def main() -> None:
             counted = BatchCount()
             history = model.fit(data.to_iterable_dataset(num_shards=2), batch_size=8, epochs=2, verbose=0,
                                 lr_scaling=None, callbacks=[counted], **run)
-            results[case] = {"state": {key: value.clone() for key, value in net.state_dict().items()},
-                             "history": history.history}
+            results[strategy, case] = {"state": {key: value.clone() for key, value in net.state_dict().items()},
+                                       "history": history.history}
             continue
         history = model.fit(data, batch_size=8, epochs=2, shuffle=False, verbose=0, lr_scaling=None, **run)
         scores = model.evaluate(data, batch_size=8, verbose=0, return_dict=True, **run)
         predictions = model.predict(data, batch_size=8, **run)
-        results[case] = {"state": {key: value.clone() for key, value in net.state_dict().items()},
-                         "history": history.history, "scores": scores, "predictions": predictions,
-                         "world_size": history.params["world_size"]}
+        results[strategy, case] = {"state": {key: value.clone() for key, value in net.state_dict().items()},
+                                   "history": history.history, "scores": scores, "predictions": predictions,
+                                   "world_size": history.params["world_size"]}
     if model.is_global_zero:
         torch.save(results, os.path.join(out, "result.pt"))
 

@@ -1,6 +1,7 @@
 """Hugging Face transformers models (built from small configs) on `datasets.Dataset`s, trained by one fit with
 loss="model": equal to a plain PyTorch loop on the same batches in one process, and on 2 CPU processes under ddp,
-FSDP2 and DeepSpeed ZeRO-3 (each on the combined batch), with exact evaluation and predict in order."""
+FSDP2 and DeepSpeed ZeRO-3 (each on the combined batch), with exact evaluation and predict in order. The
+multi-process fits run one after the other in one launch that the tests share."""
 from __future__ import annotations
 
 import os
@@ -54,12 +55,17 @@ def test_a_loss_by_name_and_metrics_take_the_classifier_s_logits():
     assert accuracy == pytest.approx(float((logits.argmax(1) == columns("bert")["label"]).float().mean()))
 
 
-def run_on_two_processes(tmp_path: Path, strategy: str, cases: str) -> dict:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), strategy, cases], env=environment,
-                             capture_output=True, text=True, timeout=400)
-    assert process.returncode == 0, process.stderr[-4000:]
-    return torch.load(tmp_path / "result.pt", weights_only=False)
+def deepspeed_loads() -> bool:
+    """A DeepSpeed whose ops do not load here is skipped as a missing one."""
+    try:
+        import deepspeed  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+#: every fit of the one launch the tests share, (strategy, case); and ("deepspeed_stage_3", "bert") where it loads
+RUNS = [("ddp", "bert"), ("ddp", "gpt2"), ("ddp", "stream"), ("fsdp", "bert")]
 
 
 def assert_exact_evaluation(case: str, outcome: dict) -> None:
@@ -73,17 +79,22 @@ def assert_exact_evaluation(case: str, outcome: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> tuple[Path, dict]:
-    """One ddp launch of every case (bert, gpt2 and the sharded stream), shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("ddp")
-    return out, run_on_two_processes(out, "ddp", "bert,gpt2,stream")
+def launch(tmp_path_factory) -> tuple[Path, dict]:
+    """(OUT, {(strategy, case): outcome}) of one launch of every fit of RUNS (and DeepSpeed's) on 2 processes, one
+    after the other."""
+    out = tmp_path_factory.mktemp("hf")
+    runs = RUNS + ([("deepspeed_stage_3", "bert")] if deepspeed_loads() else [])
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.run([sys.executable, str(SCRIPT), str(out), ",".join(":".join(run) for run in runs)],
+                             env=environment, capture_output=True, text=True, timeout=400)
+    assert process.returncode == 0, process.stderr[-4000:]
+    return out, torch.load(out / "result.pt", weights_only=False)
 
 
 @pytest.mark.timeout(420)
-def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(ddp_run):
-    results = ddp_run[1]
+def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(launch):
     for case in ("bert", "gpt2"):
-        outcome = results[case]
+        outcome = launch[1]["ddp", case]
         assert outcome["world_size"] == 2
         assert_same(outcome["history"]["loss"], outcome["state"], plain_loop(case, 16))
         assert_exact_evaluation(case, outcome)
@@ -91,23 +102,20 @@ def test_ddp_on_two_processes_trains_the_combined_batch_and_evaluates_exactly(dd
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_3"])
-def test_the_model_s_own_loss_under_sharded_strategies(strategy, tmp_path):
-    if strategy.startswith("deepspeed"):
-        try:
-            import deepspeed  # noqa: F401
-        except Exception as error:   # a DeepSpeed whose ops do not load here skips as a missing one
-            pytest.skip(f"deepspeed unavailable: {error}")
-    outcome = run_on_two_processes(tmp_path, strategy, "bert")["bert"]
+def test_the_model_s_own_loss_under_sharded_strategies(strategy, launch):
+    if (strategy, "bert") not in launch[1]:
+        pytest.skip("deepspeed is not installed here, or its ops do not load")
+    outcome = launch[1][strategy, "bert"]
     assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16))
     assert_exact_evaluation("bert", outcome)
 
 
 @pytest.mark.timeout(420)
-def test_an_iterable_hugging_face_dataset_is_split_between_the_processes(ddp_run):
+def test_an_iterable_hugging_face_dataset_is_split_between_the_processes(launch):
     """Its 2 shards (the first and the second half of the rows) go one to each process: each trains 4 batches of 8
     per epoch, and a step's combined batch is 8 rows of each half."""
-    out, results = ddp_run
-    outcome = results["stream"]
+    out, results = launch
+    outcome = results["ddp", "stream"]
     assert [(out / f"stream-{rank}.txt").read_text() for rank in (0, 1)] == ["8", "8"]
     order = torch.stack([torch.arange(32).view(4, 8), torch.arange(32, 64).view(4, 8)], 1).flatten()
     assert_same(outcome["history"]["loss"], outcome["state"], plain_loop("bert", 16, order=order))
