@@ -12,6 +12,8 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).parent / "scripts" / "around.py"
+#: a finished launch's standard error, in its folder
+STDERR_FILE = "stderr.txt"
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributed" / "scripts"))
 from common import make_data, make_net
 
@@ -42,9 +44,15 @@ def run_around_each(out: Path, strategies: list[str], checks: list[str], timeout
     process = subprocess.run([sys.executable, str(SCRIPT), str(out), ",".join(strategies), ",".join(checks)],
                              env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
     assert process.returncode == 0, process.stderr[-6000:]
+    (out / STDERR_FILE).write_text(process.stderr)
+    return read_around(out, strategies, checks)
+
+
+def read_around(out: Path, strategies: list[str], checks: list[str]) -> dict:
+    """What run_around_each returned, read again from the folder of its finished launch."""
     return {strategy: {**{check: [torch.load(path, weights_only=False)
                                   for path in sorted(out.glob(f"result-{strategy}-{check}-*.pt"))]
-                          for check in checks}, "stderr": process.stderr}
+                          for check in checks}, "stderr": (out / STDERR_FILE).read_text()}
             for strategy in strategies}
 
 
