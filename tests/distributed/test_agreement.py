@@ -22,10 +22,12 @@ from easyfit.training.plan import FitOptions
 
 
 def run_pattern(out: Path, scenario: str, timeout: float = 240, cwd: Path | None = None,
-                env: dict | None = None) -> subprocess.CompletedProcess:
+                env: dict | None = None, typed: str | None = None) -> subprocess.CompletedProcess:
+    """The scenario as a real program; `typed`: its standard input (none: end-of-file at once)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, str(SCRIPTS / "patterns.py"), str(out), scenario], env=environment,
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, input=typed,
+                          stdin=subprocess.DEVNULL if typed is None else None)
 
 
 def ranks(out: Path) -> list[dict]:
@@ -43,9 +45,11 @@ def failed_with(process: subprocess.CompletedProcess, words: str) -> None:
 
 @pytest.fixture(scope="module")
 def agreeing(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """One launch of the scenarios that end well (patterns.py's AGREEING), shared by their tests."""
+    """One launch of the scenarios that end well (patterns.py's AGREEING), shared by their tests; started in its
+    folder, with a line typed on its standard input."""
     out = tmp_path_factory.mktemp("agreeing")
-    succeeded(run_pattern(out, "agreeing"))
+    (out / "sub").mkdir()
+    succeeded(run_pattern(out, "agreeing", cwd=out, typed="go\n"))
     return out, ranks(out)
 
 
@@ -106,10 +110,11 @@ def test_predict_with_fewer_samples_than_processes(agreeing):
     assert [r["predict_one_sample"]["shape"] for r in agreeing[1]] == [[1, 3], [1, 3]]
 
 
-def test_re_run_ranks_start_where_the_script_was_started(tmp_path):
-    (tmp_path / "sub").mkdir()
-    succeeded(run_pattern(tmp_path, "chdir", cwd=tmp_path))
-    assert [r["cwd"] for r in ranks(tmp_path)] == [str(tmp_path / "sub")] * 2
+def test_re_run_ranks_start_where_the_script_was_started(agreeing):
+    """The script changes into "sub" (relative) before its first call: the re-run rank must start where the script
+    was started to land there too."""
+    out, found = agreeing
+    assert [r["cwd"] for r in found] == [str(out / "sub")] * 2
 
 
 def test_spawned_ranks_hand_back_the_callbacks_states(tmp_path):
@@ -127,18 +132,10 @@ def test_a_stuck_rank_is_named(tmp_path):
     failed_with(run_pattern(tmp_path, "stuck"), "rank(s) 1 did not reach a collective in time")
 
 
-def test_children_read_no_terminal_input(tmp_path):
-    """A script reading input() before fit: the re-run rank gets end-of-file at once instead of blocking."""
-    script = tmp_path / "asks.py"
-    script.write_text("import sys\nsys.path.insert(0, sys.argv[1])\nimport easyfit, torch\nfrom common import "
-                      "make_data, make_net\ntry:\n    answer = input()\nexcept EOFError:\n    answer = 'eof'\n"
-                      "x, y = make_data()\nmodel = easyfit.Model(make_net(), lr=0.05)\n"
-                      "model.fit(x, y, epochs=1, verbose=0, devices=2, accelerator='cpu', strategy='ddp')\n"
-                      "sys.stdout.write(f'ANSWER {answer} {model.global_rank}\\n')\n")
-    finished = subprocess.run([sys.executable, str(script), str(SCRIPTS)], input="go\n", capture_output=True,
-                              text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    assert "ANSWER go 0" in finished.stdout and "ANSWER eof 1" in finished.stdout
+def test_children_read_no_terminal_input(agreeing):
+    """The script reads input() before its first call: the re-run rank gets end-of-file at once instead of blocking,
+    and the script's own process reads what was typed."""
+    assert [r["answer"] for r in agreeing[1]] == ["go", "eof"]
 
 
 def test_an_error_before_the_first_call_arrives_with_its_traceback(tmp_path):

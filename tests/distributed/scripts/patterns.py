@@ -2,7 +2,9 @@
 
 Usage: python patterns.py OUT_DIR SCENARIO
 Each rank writes OUT_DIR/rank-<global rank>.json; a rank that records an error writes it under "error". SCENARIO
-"agreeing" runs the scenarios that end well (AGREEING) in one launch and records each one's values under its name.
+"agreeing" runs the scenarios that end well (AGREEING) in one launch and records each one's values under its name;
+before its first call it reads a line of standard input and changes into the folder "sub" (relative), as scripts do,
+and records what each rank read and where it ran.
 """
 import json
 import os
@@ -102,7 +104,11 @@ def main() -> None:
     torch.set_num_threads(1)
     if SCENARIO == "early_launch":
         easyfit.launch(**CPU2)
-    if SCENARIO == "chdir":
+    if SCENARIO == "agreeing":
+        try:
+            answer = input()   # a re-run rank must get end-of-file at once, not wait for a terminal
+        except EOFError:
+            answer = "eof"
         os.chdir("sub")   # relative: every rank must start where the script was started
     x, y = make_data()
     model = new_model()
@@ -112,7 +118,7 @@ def main() -> None:
         record(model, identity=identity)
     elif SCENARIO == "agreeing":
         found = {name: scenario(new_model(), x, y) for name, scenario in AGREEING.items()}
-        record(model, **found)
+        record(model, **found, answer=answer, cwd=os.getcwd())
     elif SCENARIO == "uneven":
         rank = int(os.environ.get("LOCAL_RANK", 0))
         model.fit(x[:len(x) - 40 * rank], y[:len(y) - 40 * rank], epochs=1, batch_size=16, verbose=0,
@@ -131,9 +137,6 @@ def main() -> None:
             model.evaluate(x, y, verbose=0, strategy="ddp", **CPU2)
     elif SCENARIO == "exit_before_call":
         model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-    elif SCENARIO == "chdir":
-        model.fit(x, y, epochs=1, batch_size=16, verbose=0, strategy="ddp", **CPU2)
-        record(model, cwd=os.getcwd())
     elif SCENARIO == "spawn_callbacks":
         stopping = EarlyStopping(monitor="loss", patience=0, min_delta=100.0)
         model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[stopping], strategy="ddp_spawn", **CPU2)
