@@ -1,7 +1,10 @@
 """Nets built sharded from the start (`strategy.module_construction()`), as a real program.
 
-Usage: python construction.py OUT_DIR STRATEGY         (easyfit.launch starts the 2 ranks)
-       torchrun --nproc_per_node 2 construction.py OUT_DIR STRATEGY
+Usage: python construction.py OUT_DIR STRATEGY [--built-only]        (easyfit.launch starts the 2 ranks)
+       torchrun --nproc_per_node 2 construction.py OUT_DIR STRATEGY [--built-only]
+--built-only: only what the launcher can change (memory, difference, val_loss, predictions, scores, plain), not the
+hand_back=False and DeepSpeed checks (errors, lockstep, bf16_difference, refit_loss), which depend on the strategy
+alone.
 Each rank writes OUT_DIR/<rank>.pt with:
   memory       (bytes this rank holds, full bytes) of a net of ~2M parameters right after construction
   difference   max weight difference between the net built sharded and the same net built whole (same seed, same
@@ -68,7 +71,7 @@ def error_of(call) -> str:
 
 
 def main() -> None:
-    out, name = sys.argv[1], sys.argv[2]
+    out, name, built_only = sys.argv[1], sys.argv[2], "--built-only" in sys.argv[3:]
     external = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
     call = {} if external else {"devices": 2, "accelerator": "cpu"}
     torch.set_num_threads(1)
@@ -94,6 +97,9 @@ def main() -> None:
     found["predictions"] = model.predict(x, devices=1, strategy="single")
     found["scores"] = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     found["plain"] = is_plain(net)
+    if built_only:
+        torch.save(found, os.path.join(out, f"{strategy.global_rank}.pt"))
+        return
 
     kept = easyfit.launch(strategy=type(strategy)(**options_of(strategy), hand_back=False), **call)
     with kept.module_construction():
