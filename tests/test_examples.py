@@ -59,9 +59,10 @@ def test_ci_runs_the_readme_commands_in_a_new_environment():
     torch's compile caches keyed by paths are reused): what a newcomer installs."""
     root = EXAMPLES.parent
     readme = (root / "README.md").read_text(encoding="utf-8")
-    commands = [command for command in re.findall(r"```bash\n(.+?)\n```", readme)
-                if command.startswith("pip install torch==")]
-    assert commands[0].endswith("python examples/quickstart.py")
+    setup = readme.split("\n## Set up and run\n")[1].split("\n## ")[0]
+    commands = re.findall(r"```bash\n(.+?)\n```", setup)
+    assert commands[0].startswith("pip install torch==") and commands[0].endswith("python examples/quickstart.py")
+    assert commands[1].startswith("scripts/install_dev.sh && ")
     assert commands[1].endswith("python -m pytest -n auto --dist loadscope")
     printed = subprocess.run(["bash", str(root / ".ci" / "run"), "--print-readme-commands"], cwd=root,
                              capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
