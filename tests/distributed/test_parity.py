@@ -66,13 +66,15 @@ def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, laun
     assert outcome["lr_after"] == [pytest.approx(0.05)], "the user's LR is restored after fit"
 
 
-@pytest.mark.parametrize("lr, scaling", [("0.1", "none"), ("0.05", "linear")])
-def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(lr, scaling, tmp_path):
+def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
+    """One launch of two nodes of one process each: lr 0.1 without LR scaling, then a new Model at lr 0.05 with
+    linear scaling; both train as one process at lr 0.1 on the combined batch."""
     from runner import start_script
 
     from easyfit.distributed.environments import find_free_port
     port = str(find_free_port())
-    nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", lr, "--lr-scaling", scaling,
+    nodes = [start_script(tmp_path, "ddp2", "--num-nodes", "2", "--devices", "1", "--lr", "0.1", "--lr-scaling", "none",
+                          "--then-linear", "0.05",
                           env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank)})
              for rank in range(2)]
     try:
@@ -81,8 +83,10 @@ def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(lr, scaling, tmp_path):
         for node in nodes:
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
-    outcome = result(tmp_path)
-    assert outcome["world_size"] == 2
-    assert outcome["params"]["batch_factor"] == 2
-    assert outcome["params"]["effective_batch_size"] == 32
-    assert_same_weights(outcome["state"], reference_weights(0.1))
+    found = result(tmp_path)
+    for outcome in (found, found["linear"]):
+        assert outcome["params"]["world_size"] == 2
+        assert outcome["params"]["batch_factor"] == 2
+        assert outcome["params"]["effective_batch_size"] == 32
+        assert_same_weights(outcome["state"], reference_weights(0.1))
+    assert found["linear"]["params"]["lr_multiplier"] == 2.0
