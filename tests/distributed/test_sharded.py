@@ -34,8 +34,10 @@ DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offloa
 #: parameters sharded too (not only optimizer state)
 PARAMETER_SHARDING = {"fsdp", "fsdp_cpu_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"}
 #: the launch each family's tests share: its checks, its strategies (ddp: the memory baseline), the sharded formats
-TORCH_LAUNCH = ("parity,memory,checkpoint", ("ddp", *TORCH_ONLY), "--sharded", "fsdp")
-DEEPSPEED_LAUNCH = ("parity,memory,checkpoint", ("ddp", *DEEPSPEED), "--sharded", "deepspeed_stage_2,deepspeed_stage_3")
+#: and those that also run the mixed-precision checks, beside ddp's (the baseline)
+TORCH_LAUNCH = ("parity,memory,checkpoint", ("ddp", *TORCH_ONLY), "--sharded", "fsdp", "--mixed", "ddp,fsdp,zero")
+DEEPSPEED_LAUNCH = ("parity,memory,checkpoint", ("ddp", *DEEPSPEED), "--sharded", "deepspeed_stage_2,deepspeed_stage_3",
+                    "--mixed", "ddp,deepspeed_stage_2")
 
 
 def reference(epochs: int, accumulate: int = 1, clip: float | None = None, lr: float = 0.01) -> dict:
@@ -192,16 +194,14 @@ def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, 
     check_sharded_format(outcome, ["deepspeed_stage_2", "deepspeed_stage_3"], tmp_path)
 
 
-@NEEDS_DEEPSPEED
-def test_mixed_precision_under_fsdp_zero_and_deepspeed_trains_like_ddp(tmp_path):
+def check_mixed_precision(outcome: dict, strategies: list[str]) -> None:
     """bf16-mixed: the loss falls, each epoch's loss is within 5e-3 of DDP's under bf16-mixed and the fp32 weights
     within 1e-2 (bf16 rounding differs: FSDP2 casts parameters per layer, DeepSpeed keeps a bf16 copy of the net).
     16-mixed: a gradient that overflows in one rank's shard only makes every rank skip the step, as under DDP (a
     rank that stepped alone would leave the shards of one net out of step, silently). On a CPU without float16
     kernels DeepSpeed cannot run 16-mixed: every rank refuses it before any work, naming what to use instead."""
-    outcome = run(tmp_path, "bf16,overflow", ["ddp", "fsdp", "zero", "deepspeed_stage_2"])
     baseline = outcome[0]["ddp"]["bf16"]
-    for strategy in ("fsdp", "zero", "deepspeed_stage_2"):
+    for strategy in strategies:
         found = outcome[0][strategy]["bf16"]
         losses = [abs(a - b) for a, b in zip(found["loss"], baseline["loss"], strict=True)]
         difference = max_difference(found["weights"], baseline["weights"])
@@ -210,7 +210,7 @@ def test_mixed_precision_under_fsdp_zero_and_deepspeed_trains_like_ddp(tmp_path)
         assert found["loss"][-1] < 0.6 * found["loss"][0], f"{strategy} does not train under bf16-mixed"
         assert max(losses) <= 5e-3 and difference <= 1e-2, f"{strategy} departs from DDP under bf16-mixed"
     for rank in (0, 1):
-        for strategy in ("ddp", "fsdp", "zero", "deepspeed_stage_2"):
+        for strategy in ("ddp", *strategies):
             found = outcome[rank][strategy]["overflow"]
             if "refused" in found:
                 assert not cpu_supports_fp16() and "use precision='bf16-mixed'" in found["refused"].lower()
@@ -218,6 +218,15 @@ def test_mixed_precision_under_fsdp_zero_and_deepspeed_trains_like_ddp(tmp_path)
             # DeepSpeed's fp32 master weights start from its fp16 copy of the net: up to 1e-4 of rounding
             assert max(outcome[rank][strategy]["overflow"]["row_change"]) <= 1e-3, \
                 f"16-mixed under {strategy}: rank {rank} stepped on an overflow another rank saw"
+
+
+def test_mixed_precision_under_fsdp_and_zero_trains_like_ddp(launch):
+    check_mixed_precision(launch(*TORCH_LAUNCH)[1], ["fsdp", "zero"])
+
+
+@NEEDS_DEEPSPEED
+def test_mixed_precision_under_deepspeed_trains_like_ddp(launch):
+    check_mixed_precision(launch(*DEEPSPEED_LAUNCH)[1], ["deepspeed_stage_2"])
 
 
 @NEEDS_FAIRSCALE

@@ -1,7 +1,7 @@
 """Sharded strategies as a real program: several strategies per launch, several checks per strategy.
 
 Usage: python sharded.py OUT_DIR CHECKS STRATEGY [STRATEGY ...] [--devices 2] [--cases plain,accumulate_clip]
-                        [--sharded NAME,NAME]
+                        [--sharded NAME,NAME] [--mixed NAME,NAME]
 CHECKS is a comma-separated list of:
   parity      Adam on the combined batch, plain and with accumulation 2 + clipping (weights after fit)
   checkpoint  a rank-0-only save after fit, a 4 + 4 epoch resume (ModelCheckpoint) and the 8 epochs straight
@@ -13,6 +13,7 @@ CHECKS is a comma-separated list of:
               process with the same global batch (32), to epoch 8
 --sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
 writing directories with ModelCheckpoint, a resume to 8, 8 straight, and the weights and optimizer state after epoch 4.
+--mixed names strategies that also run the bf16 and overflow checks.
 Each rank writes OUT_DIR/<rank>.pt with what it measured; rank 0 adds the weights and the trained predictions.
 """
 import argparse
@@ -141,14 +142,16 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--sharded", default="", help="the strategies whose sharded checkpoint format to check")
     parser.add_argument("--cases", default=",".join(PARITY_CASES), help="the parity cases to run")
+    parser.add_argument("--mixed", default="", help="strategies that also run the bf16 and overflow checks")
     args = parser.parse_args()
     torch.set_num_threads(1)
     checks, results = args.checks.split(","), {}
     for strategy in args.strategies:
         found = results[strategy] = {}
-        if "bf16" in checks:
+        mixed = strategy in args.mixed.split(",")
+        if "bf16" in checks or mixed:
             found["bf16"] = bf16(strategy, args.devices)
-        if "overflow" in checks:
+        if "overflow" in checks or mixed:
             found["overflow"] = overflow(strategy, args.devices)
         if strategy == "ddp":   # the baseline of the memory check
             if "memory" in checks:
