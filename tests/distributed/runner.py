@@ -32,6 +32,21 @@ def start_script(out: Path, *args: str, env: dict | None = None, script: str = "
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+def launch_early(request, tmp_path_factory, test: str, *args: str, script: str):
+    """For an autouse module fixture: where the module's test `test` is to run, start the script now, as the module
+    begins, and yield (OUT, the process), else None. A launch that mostly waits (a stuck rank's timeout) then waits
+    while the module's other tests run, instead of idling its core. It ends by itself; the module's end waits for it."""
+    if not any(item.name == test for item in request.session.items):
+        yield None
+        return
+    out = tmp_path_factory.mktemp("early")
+    process = start_script(out, *args, script=script)
+    try:
+        yield out, process
+    finally:
+        process.communicate(timeout=300)
+
+
 def launch_once(tmp_path_factory, launch: Callable[..., Any]) -> Callable[..., tuple]:
     """For a module fixture that tests share: launch(OUT, *key) runs once per key, in a new folder; every call with
     the key returns (OUT, what that run returned)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from runner import run_script
+from runner import launch_early, run_script
 
 from easyfit.distributed.launchers.failures import RankFailedError, root_cause
 
@@ -14,6 +14,13 @@ pytestmark = pytest.mark.timeout(240)
 
 def run(tmp_path, scenario: str, strategy: str):
     return run_script(tmp_path, scenario, strategy, script="rank_reports.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stuck_under_the_script_launcher(request, tmp_path_factory):
+    """The stuck scenario waits out its 15 s collective timeout while the module's other tests run."""
+    yield from launch_early(request, tmp_path_factory, "test_a_stuck_rank_under_the_script_launcher_is_named",
+                            "stuck", "popen", script="rank_reports.py")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
@@ -26,10 +33,11 @@ def test_a_parameter_without_gradient_on_one_rank_names_the_fix(strategy, tmp_pa
     assert "SIGABRT" not in process.stderr
 
 
-def test_a_stuck_rank_under_the_script_launcher_is_named(tmp_path):
-    process = run(tmp_path, "stuck", "popen")
+def test_a_stuck_rank_under_the_script_launcher_is_named(stuck_under_the_script_launcher):
+    process = stuck_under_the_script_launcher[1]
+    _, stderr = process.communicate(timeout=200)
     assert process.returncode != 0
-    assert "rank(s) 1 did not reach a collective in time" in process.stderr, process.stderr[-3000:]
+    assert "rank(s) 1 did not reach a collective in time" in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
