@@ -44,7 +44,11 @@ def launch_early(request, tmp_path_factory, test: str, *args: str, script: str):
     try:
         yield out, process
     finally:
-        process.communicate(timeout=300)
+        try:
+            process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:   # as subprocess.run's timeout does
+            process.kill()
+            raise
 
 
 def launch_once(tmp_path_factory, launch: Callable[..., Any]) -> Callable[..., tuple]:
