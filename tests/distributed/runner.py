@@ -32,6 +32,12 @@ def start_script(out: Path, *args: str, env: dict | None = None, script: str = "
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+def finished(process: subprocess.Popen, timeout: float = 200) -> subprocess.CompletedProcess:
+    """A started script's end, as subprocess.run returns it."""
+    stdout, stderr = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def launch_early(request, tmp_path_factory, test: str, *args: str, script: str):
     """For an autouse module fixture: where the module's test `test` is to run, start the script now, as the module
     begins, and yield (OUT, the process), else None. A launch that mostly waits (a stuck rank's timeout) then waits

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from runner import SCRIPTS, launch_early, make_net
+from runner import SCRIPTS, finished, launch_early, make_net
 
 import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
@@ -135,10 +135,7 @@ def stuck(request, tmp_path_factory):
 
 
 def test_a_stuck_rank_is_named(stuck):
-    process = stuck[1]
-    _, stderr = process.communicate(timeout=200)
-    assert process.returncode != 0
-    assert "rank(s) 1 did not reach a collective in time" in stderr, stderr[-4000:]
+    failed_with(finished(stuck[1]), "rank(s) 1 did not reach a collective in time")
 
 
 def test_children_read_no_terminal_input(agreeing):

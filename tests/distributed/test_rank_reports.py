@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from runner import launch_early, run_script
+from runner import finished, launch_early, run_script
 
 from easyfit.distributed.launchers.failures import RankFailedError, root_cause
 
@@ -34,10 +34,9 @@ def test_a_parameter_without_gradient_on_one_rank_names_the_fix(strategy, tmp_pa
 
 
 def test_a_stuck_rank_under_the_script_launcher_is_named(stuck_under_the_script_launcher):
-    process = stuck_under_the_script_launcher[1]
-    _, stderr = process.communicate(timeout=200)
+    process = finished(stuck_under_the_script_launcher[1])
     assert process.returncode != 0
-    assert "rank(s) 1 did not reach a collective in time" in stderr, stderr[-3000:]
+    assert "rank(s) 1 did not reach a collective in time" in process.stderr, process.stderr[-3000:]
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
