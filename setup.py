@@ -15,6 +15,10 @@ EXTRAS = {
     "optuna": ["optuna>=4.0"],
     # Hugging Face models, datasets and tokenizers (loss="model", a datasets.Dataset, examples/finetune_text.py)
     "hf": ["transformers>=4.46", "datasets>=2.19", "tokenizers>=0.19"],
+    # model.export: ONNX files (torch.onnx's exporter, and onnxruntime to run them); .pt2 files need torch alone
+    "export": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
+    # save_weights / load_weights of *.safetensors files
+    "safetensors": ["safetensors>=0.4"],
     # what the examples need besides easyfit (the README's quickstart line installs only this)
     "examples": ["scikit-learn>=1.2", "matplotlib>=3.5"],
 }
@@ -24,6 +28,7 @@ EXTRAS["dev"] = [
     "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0",   # the callbacks around the fit, tested for real
     "torchmetrics>=1.0",   # a user's metric objects, and the numbers the named metrics are compared with
     *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too
+    *EXTRAS["export"], *EXTRAS["safetensors"],   # ONNX and .pt2 export, safetensors weight files
 ]
 
 setup(
@@ -34,6 +39,6 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["easyfit", "easyfit.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.1", "tqdm>=4.60", "numpy"],
+    install_requires=["torch>=2.9", "tqdm>=4.60", "numpy"],
     extras_require=EXTRAS,
 )
