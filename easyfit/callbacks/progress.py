@@ -37,13 +37,18 @@ def in_notebook() -> bool:
     return False
 
 
-def terminal_width() -> int | None:
-    """The columns a bar may take: the terminal's less one (a full line would wrap on some terminals), COLUMNS when
-    set; None in a notebook or where no terminal tells."""
+#: the rows tqdm assumes when it knows none: given where a terminal reports 0 rows, as a 0x0 pseudo-terminal does
+#: (tqdm would read -1 rows there and draw no bar, leaving empty lines where the epoch's values belong)
+DEFAULT_ROWS = 20
+
+
+def terminal_shape() -> tuple[int | None, int]:
+    """The columns a bar may take (the terminal's less one: a full line would wrap on some terminals; COLUMNS when
+    set; None in a notebook or where no terminal tells) and the terminal's rows (LINES when set)."""
     if in_notebook():
-        return None
-    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
-    return columns - 1 if columns > 1 else None
+        return None, DEFAULT_ROWS
+    columns, rows = shutil.get_terminal_size(fallback=(0, 0))
+    return (columns - 1 if columns > 1 else None), (rows if rows > 0 else DEFAULT_ROWS)
 
 
 class EpochSummary(Callback):
@@ -81,8 +86,8 @@ class ProgressBar(EpochSummary):
 
     def _open(self, total, description: str) -> None:
         from tqdm.auto import tqdm
-        width = terminal_width()   # read as each bar opens: a resized terminal counts from the next epoch
-        self.bar = tqdm(total=total, desc=description, unit="step", leave=True, ncols=width,
+        width, rows = terminal_shape()   # read as each bar opens: a resized terminal counts from the next epoch
+        self.bar = tqdm(total=total, desc=description, unit="step", leave=True, ncols=width, nrows=rows,
                         dynamic_ncols=width is None)
         self.last_refresh = time.monotonic()
 

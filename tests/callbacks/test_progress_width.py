@@ -1,7 +1,14 @@
 """The default progress bar in an 80-column terminal: every value, val_ ones included, shown whole."""
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import re
+import struct
+import subprocess
+import sys
+import termios
 
 import numpy as np
 import pytest
@@ -55,3 +62,37 @@ def test_a_wide_terminal_keeps_the_values_on_the_bar_line(monkeypatch, capfd):
     (line,) = shown_lines(capfd.readouterr().err)
     assert line.startswith("Epoch 1/1") and line.endswith(
         "loss: 0.5000 - accuracy: 0.7500 - val_loss: 0.6250 - val_accuracy: 0.8125]")
+
+
+FIT_IN_A_TERMINAL = """
+import torch, easyfit
+from torch import nn
+torch.manual_seed(0)
+model = easyfit.Model(nn.Linear(4, 2), "cross_entropy", "sgd", metrics=["accuracy"])
+model.fit(torch.randn(64, 4), torch.randint(0, 2, (64,)), epochs=1, batch_size=16, verbose=1)
+"""
+
+
+def test_a_terminal_that_reports_0x0_with_columns_set_still_shows_the_bar(tmp_path):
+    """A pseudo-terminal of 0 rows and 0 columns (as some CI runners and containers open) with COLUMNS set: the bar
+    and the epoch's values are drawn, not empty lines."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    env = {key: value for key, value in os.environ.items() if key != "LINES"}
+    process = subprocess.Popen([sys.executable, "-c", FIT_IN_A_TERMINAL], stdin=follower, stdout=follower,
+                               stderr=follower, env={**env, "COLUMNS": "80"}, cwd=tmp_path)
+    os.close(follower)
+    shown = b""
+    while True:   # until the script closes the terminal
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:   # the follower side closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0, shown.decode()
+    lines = shown_lines(shown.decode().replace("\r\n", "\n"))
+    assert any(line.startswith("Epoch 1/1: 100%") for line in lines), lines
+    assert any(line.startswith("loss: ") for line in lines), lines
