@@ -38,7 +38,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["easyfit", "easyfit.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",   # the oldest Python torch 2.9 (the torch floor) supports
     install_requires=["torch>=2.9", "tqdm>=4.60", "numpy"],
     extras_require=EXTRAS,
 )

@@ -19,7 +19,7 @@ import torch
 
 from easyfit.distributed import calls
 from easyfit.distributed.connector import connect
-from easyfit.distributed.strategies.bagua import ALGORITHMS, BaguaStrategy
+from easyfit.distributed.strategies.bagua import ALGORITHMS, DDP_IMPORT, BaguaStrategy
 
 EQUIVALENTS = {"gradient_allreduce": "DDPStrategy()", "bytegrad": "DDPStrategy(comm_hook='fp16')",
                "decentralized": "DDPStrategy(model_averaging_period=4)",
@@ -65,10 +65,12 @@ def test_unknown_algorithm_and_foreign_options_are_refused_first(no_bagua):
 
 
 def test_every_equivalent_is_a_real_ddp_option():
-    """The strategies the error message recommends can be built as written."""
+    """The strategies the error message recommends can be built as written, after the import it names."""
     from easyfit.distributed.strategies.ddp import DDPStrategy
+    names = {}
+    exec(DDP_IMPORT, names)
     for spec in ALGORITHMS.values():
-        assert isinstance(eval(spec.equivalent), DDPStrategy)
+        assert isinstance(eval(spec.equivalent, names), DDPStrategy)
 
 
 # ------------------------------------------------------------------ contract tests: a FAKE bagua

@@ -21,7 +21,7 @@ from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.strategies.base import FitState, Strategy
 from easyfit.distributed.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
-DDP_IMPORT = "from easyfit.distributed.strategies.parallel import DDPStrategy"
+DDP_IMPORT = "from easyfit.distributed.strategies.ddp import DDPStrategy"
 
 
 @dataclass(frozen=True)
