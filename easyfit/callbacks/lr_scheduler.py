@@ -13,8 +13,8 @@ class LearningRateScheduler(Callback):
     counts from 0) and set the result.
 
     Each param group is scheduled from its own LR. The LRs the schedule sees and returns are in the user's scale:
-    when fit scales the LR for a larger effective batch (`lr_scaling`), the optimizer runs the new LR times that
-    factor. The epoch logs get "learning_rate" (Keras 3's key): the first group's scheduled LR.
+    when fit scales the LR for a larger effective batch (`lr_scaling`), each optimizer step takes the new LR times
+    that factor. The epoch logs get "learning_rate" (Keras 3's key): the first group's scheduled LR.
     """
 
     def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
@@ -24,13 +24,12 @@ class LearningRateScheduler(Callback):
         self.takes_lr = _takes_two_arguments(schedule)
 
     def on_epoch_begin(self, epoch, logs=None):
-        multiplier = self.params.get("lr_multiplier", 1.0)
         new_lrs = []
         for group in self.model.optimizer.param_groups:
-            new_lr = self.schedule(epoch, group["lr"] / multiplier) if self.takes_lr else self.schedule(epoch)
+            new_lr = self.schedule(epoch, group["lr"]) if self.takes_lr else self.schedule(epoch)
             if isinstance(new_lr, bool) or not isinstance(new_lr, numbers.Real):
                 raise TypeError(f"LearningRateScheduler: schedule({epoch}, lr) must return a number, got {new_lr!r}")
-            group["lr"] = float(new_lr) * multiplier
+            group["lr"] = float(new_lr)
             new_lrs.append(float(new_lr))
         if logs is not None:
             logs["learning_rate"] = new_lrs[0]

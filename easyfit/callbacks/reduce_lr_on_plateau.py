@@ -44,7 +44,7 @@ class ReduceLROnPlateau(WatchingCallback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if logs is not None and "learning_rate" not in logs:   # a LearningRateScheduler before it logged it already
-            logs["learning_rate"] = self.model.optimizer.param_groups[0]["lr"] / self.params.get("lr_multiplier", 1.0)
+            logs["learning_rate"] = self.model.optimizer.param_groups[0]["lr"]
 
     def on_epoch_end(self, epoch, logs=None):
         current = self.monitor.read(logs, skips_validation(self.params, epoch))
@@ -62,13 +62,12 @@ class ReduceLROnPlateau(WatchingCallback):
 
     def _reduce(self, epoch: int) -> bool:
         """Lower each group's LR that is above `min_lr`; whether any was lowered."""
-        multiplier = self.params.get("lr_multiplier", 1.0)
         new_lrs = []
         for group in self.model.optimizer.param_groups:
-            old_lr = group["lr"] / multiplier
+            old_lr = group["lr"]
             if old_lr > self.min_lr:
                 new_lr = max(old_lr * self.factor, self.min_lr)
-                group["lr"] = new_lr * multiplier
+                group["lr"] = new_lr
                 new_lrs.append(new_lr)
         if new_lrs and self.verbose and self.model.is_global_zero:
             print(f"Epoch {epoch + 1}: ReduceLROnPlateau reduces the learning rate to "

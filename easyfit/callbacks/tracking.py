@@ -131,7 +131,7 @@ def fit_settings(model, params: dict) -> dict:
         "effective_batch_size": params.get("effective_batch_size"), "strategy": params.get("strategy"),
         "world_size": params.get("world_size"), "precision": params.get("precision"),
         "gradient_accumulation_steps": params.get("gradient_accumulation_steps", 1),
-        "lr": _one_or_list([lr / multiplier for lr in lrs]), "scaled_lr": _one_or_list(lrs),
+        "lr": _one_or_list(lrs), "scaled_lr": _one_or_list([lr * multiplier for lr in lrs]),
         "lr_scaling": params.get("lr_scaling"),
         "optimizer": model.spec.get("optimizer") or type(optimizer).__name__, "loss": loss,
         "parameters": model.count_params(),

@@ -224,8 +224,8 @@ class SWA(WeightAveraging):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
         if epoch >= self.start_epoch and self.scheduler is None:
-            swa_lr = self.swa_lr * self.params.get("lr_multiplier", 1.0)
-            self.scheduler = SWALR(self.model.optimizer, swa_lr, self.annealing_epochs, self.annealing_strategy)
+            # in the user's scale, as the optimizer's rates are during a fit: each step takes them scaled
+            self.scheduler = SWALR(self.model.optimizer, self.swa_lr, self.annealing_epochs, self.annealing_strategy)
             if self.scheduler_steps is not None:   # resumed: where its annealing stood
                 self.scheduler._step_count, self.scheduler.last_epoch = self.scheduler_steps, self.scheduler_steps - 1
 

@@ -196,7 +196,7 @@ def begin(model, run: RestartableRun, state: dict | None, options, params: dict,
 def resume_note(model, run: RestartableRun, state: dict, batch_size: int, accumulate: int, multiplier: float) -> str:
     """After the checkpoint was restored: continue the interrupted epoch on this world, and say so. On another
     number of processes the epoch's position is carried over by samples (the global order of the samples does not
-    depend on the world size), and the LRs were re-scaled for the new effective batch by `Model.restore`."""
+    depend on the world size), and each optimizer step scales the schedule's LRs for the new effective batch."""
     strategy, position = model.strategy, model.position
     after = f"after {run.restart_word} {run.restart}" if run.restart else "the run's checkpoint"
     note = f"resumed {after} from epoch {model.completed_epochs + 1}, step {position.batches_done}"
@@ -211,9 +211,9 @@ def resume_note(model, run: RestartableRun, state: dict, batch_size: int, accumu
     redone = samples - position.batches_done * batch_size * new_factor
     again = f", {redone} of its samples trained again" if redone else ""
     where = f" (the epoch continues at step {position.batches_done}{again})" if samples else ""
-    ratio = state.get("lr_multiplier", 1.0) / multiplier
-    lrs = [group["lr"] for group in model.optimizer.param_groups]
+    lrs = [group["lr"] for group in model.optimizer.param_groups]   # the schedule's own: each step scales them
+    old = state.get("lr_multiplier", 1.0)
     return (f"{note}; world size {saved['world_size']} → {strategy.world_size}: the data re-sharded over "
             f"{strategy.world_size} process{'es' if strategy.world_size != 1 else ''}{where}, "
-            f"lr {describe_lrs([lr * ratio for lr in lrs])} → {describe_lrs(lrs)}"
+            f"lr {describe_lrs([lr * old for lr in lrs])} → {describe_lrs([lr * multiplier for lr in lrs])}"
             f"{position.metrics_note(model.completed_epochs, run.restart_word)}")

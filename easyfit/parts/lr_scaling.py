@@ -1,8 +1,9 @@
 """Scale the learning rate by the effective batch size (linear or square-root rule), with optional warmup."""
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
+import weakref
 
 import torch
 
@@ -21,7 +22,8 @@ def lr_multiplier(rule: str | None, batch_factor: int) -> float:
 
 
 def rescale_learning_rates(optimizer: torch.optim.Optimizer, scheduler, ratio: float) -> None:
-    """Multiply every param group's LR (and the scheduler's base LRs, which it computes from) by `ratio`."""
+    """Multiply every param group's LR (and the scheduler's base LRs, which it computes from) by `ratio`: how a
+    checkpoint written before the scale was kept out of the optimizer is brought to the schedule's own rates."""
     if ratio == 1.0:
         return
     for group in optimizer.param_groups:
@@ -32,34 +34,31 @@ def rescale_learning_rates(optimizer: torch.optim.Optimizer, scheduler, ratio: f
         scheduler.base_lrs = [lr * ratio for lr in scheduler.base_lrs]
 
 
-@contextlib.contextmanager
-def scaled_learning_rates(optimizer: torch.optim.Optimizer, scheduler, multiplier: float):
-    """Scale the LRs for the duration of a fit and restore the user's scale after,
-    so that calling fit again does not scale twice."""
-    rescale_learning_rates(optimizer, scheduler, multiplier)
-    try:
-        yield
-    finally:
-        rescale_learning_rates(optimizer, scheduler, 1.0 / multiplier)
+class StepRates:
+    """The LR each optimizer step takes: each group's own (the one a schedule, a callback or the user set) times
+    the fit's `multiplier`, ramped up from 1 over the first `warmup_steps` steps (Goyal et al., 2017). It is set
+    just before the step (`apply`) and the group's own LR given back just after it (`release`), so schedulers,
+    callbacks and checkpoints only ever see the schedule's own rates. A resumed fit passes the optimizer steps
+    already done in `steps_done`."""
 
+    def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, warmup_steps: int = 0,
+                 steps_done: int = 0):
+        self.optimizer, self.multiplier = optimizer, multiplier
+        self.warmup_steps, self.steps_done = warmup_steps, steps_done
+        self.held: list | None = None   # the groups' own LRs while a step runs with the scaled ones
 
-class Warmup:
-    """Ramp the LR linearly from lr / multiplier to lr over the first `steps` optimizer steps (Goyal et al.,
-    2017), on top of whatever each group holds: for the step, the group's LR (a schedule's or a callback's) times the
-    ramp's factor, given back after it (`release`), so a schedule keeps its own course through the warmup. A resumed
-    fit passes the optimizer steps already done in `steps_done`."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, multiplier: float, steps: int, steps_done: int = 0):
-        self.optimizer, self.steps, self.steps_done = optimizer, steps, steps_done
-        self.start = 1.0 / multiplier   # the ramp's factor at the first step
-        self.held: list[float] | None = None   # the groups' own LRs while a step runs with the ramp's
+    def factor(self, step: int) -> float:
+        """What this fit's optimizer step `step` (0-based) multiplies the groups' LRs by."""
+        step += self.steps_done
+        if step >= self.warmup_steps:
+            return self.multiplier
+        return 1.0 + (self.multiplier - 1.0) * step / self.warmup_steps
 
     def apply(self, step: int) -> None:
-        """Set the LRs for this fit's optimizer step `step` (0-based); after the warmup this does nothing."""
-        step += self.steps_done
-        if step >= self.steps:
+        """Set the LRs for this fit's optimizer step `step` (0-based)."""
+        factor = self.factor(step)
+        if factor == 1.0:
             return
-        factor = self.start + (1.0 - self.start) * step / self.steps
         self.held = [group["lr"] for group in self.optimizer.param_groups]
         for group, lr in zip(self.optimizer.param_groups, self.held):
             group["lr"] = lr * factor
@@ -70,6 +69,27 @@ class Warmup:
             for group, lr in zip(self.optimizer.param_groups, self.held):
                 group["lr"] = lr
             self.held = None
+
+
+def track_optimizer_steps(scheduler) -> None:
+    """Let an LR scheduler see its optimizer step again, as torch's LRScheduler does when it is built: it wraps the
+    optimizer's `step` to record each call, and warns that "optimizer.step() has been overridden" when the wrapper is
+    missing. It is, on an optimizer a sharded strategy built or a spawned rank unpickled (a pickle keeps no
+    wrapper)."""
+    optimizer = getattr(scheduler, "optimizer", None)
+    step = getattr(getattr(optimizer, "step", None), "__func__", None)   # a bound method, as torch wraps
+    if step is None or hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        return
+    owner = weakref.ref(optimizer)
+
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        stepped = owner()
+        stepped._opt_called = True
+        return step.__get__(stepped, type(stepped))(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True
+    optimizer.step = wrapper
 
 
 def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float) -> str:
@@ -85,7 +105,7 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     lrs = [group["lr"] for group in optimizer.param_groups]
     if multiplier == 1.0:
         return f"{text}; lr {describe_lrs(lrs)} (not scaled)"
-    return f"{text}; lr {describe_lrs([lr / multiplier for lr in lrs])} → {describe_lrs(lrs)} ({rule})"
+    return f"{text}; lr {describe_lrs(lrs)} → {describe_lrs([lr * multiplier for lr in lrs])} ({rule})"
 
 
 def describe_lrs(lrs: list[float]) -> str:

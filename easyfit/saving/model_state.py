@@ -28,7 +28,8 @@ def checkpoint_state(model) -> dict:
         "scaler": model._precision.state_dict(),
         "epoch": model.completed_epochs,
         "position": model.position.state_dict(strategy, model.metrics),
-        "lr_multiplier": model._lr_multiplier,
+        "lr_multiplier": model._lr_multiplier,   # the scale the fit's steps took (the optimizer holds the rates
+        "unscaled_lrs": True,                    # before it; older checkpoints held them scaled)
         "history": model.history.state_dict(),
         "callbacks": model._callbacks.state_dict(),
         **random_states(model.strategy),
@@ -52,9 +53,8 @@ def restore(model, state: dict, training: bool = False) -> None:
     strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
     if objects.scheduler is not None and state.get("scheduler") is not None:
         objects.scheduler.load_state_dict(state["scheduler"])
-    # the checkpoint's LRs carry the scaling of the run that saved it; bring them to this run's
-    rescale_learning_rates(objects.optimizer, objects.scheduler,
-                           model._lr_multiplier / state.get("lr_multiplier", 1.0))
+    if not state.get("unscaled_lrs"):   # written by an older easyfit, whose optimizer held the scaled rates
+        rescale_learning_rates(objects.optimizer, objects.scheduler, 1.0 / state.get("lr_multiplier", 1.0))
     model.completed_epochs = state["epoch"]
     model.history.load_state_dict(state["history"])
     if training:

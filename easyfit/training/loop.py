@@ -72,13 +72,13 @@ class Loop:
     """Runs epochs of training, evaluation and prediction for one process."""
 
     def __init__(self, model, strategy, callbacks: CallbackList, objects: TrainingObjects,
-                 settings: TrainingSettings | None = None, warmup=None, first_steps: dict | None = None):
+                 settings: TrainingSettings | None = None, rates=None, first_steps: dict | None = None):
         self.model, self.strategy, self.callbacks = model, strategy, callbacks
         self.net, self.optimizer, self.scheduler = objects.net, objects.optimizer, objects.scheduler
         self.precision: Precision = model.precision
         self.metrics: MetricSet = model.metrics
         self.settings = settings or TrainingSettings()
-        self.warmup = warmup
+        self.rates = rates   # each step's LR scale (`StepRates`): the fit's scale and warmup; None outside fit
         # the FirstStep of a batch source (easyfit.training.first_batch) runs its first batch, with the checks, in
         # place of a plain step; it is dropped once that step ran
         self.first_steps: dict = dict(first_steps or {})
@@ -229,15 +229,15 @@ class Loop:
         self.after_step()
 
     def before_step(self) -> None:
-        """The warmup's learning rate for the coming optimizer step."""
-        if self.warmup is not None:
-            self.warmup.apply(self.optimizer_steps)
+        """The learning rates of the coming optimizer step: the groups' own, scaled (and ramped in the warmup)."""
+        if self.rates is not None:
+            self.rates.apply(self.optimizer_steps)
 
     def after_step(self) -> None:
-        """The optimizer step counted, the warmup's ramp taken off the LRs, and a per-step schedule stepped."""
+        """The optimizer step counted, the groups' own LRs given back, and a per-step schedule stepped."""
         self.optimizer_steps += 1
-        if self.warmup is not None:
-            self.warmup.release()
+        if self.rates is not None:
+            self.rates.release()
         if self.scheduler is not None and self.settings.scheduler_interval == "step":
             self.scheduler.step()
 

@@ -256,7 +256,8 @@ class FusedTraining:
         return self.state_lists
 
     def _rates(self, pattern: tuple) -> torch.Tensor:
-        """Each step's learning rate per group, as the eager loop sets them (warmup, a per-step schedule)."""
+        """Each step's learning rate per group, as the eager loop sets them (the fit's scale and warmup, a per-step
+        schedule)."""
         loop, values = self.loop, []
         groups = loop.optimizer.param_groups
         for _, last in pattern:

@@ -20,7 +20,7 @@ from easyfit.distributed.from_rank_zero import callback_attributes, recorded_war
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.unused_parameters import explain_unused_parameters
-from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
+from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
 from easyfit.parts.outputs import ModelLoss
 from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
@@ -87,6 +87,7 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     strategy.configure_training(settings)
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
     objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)
+    track_optimizer_steps(objects.scheduler)
     with kept(model, ("_training", "optimizer", "scheduler", "loss_fn")):
         # until the fit ends, Model and the callbacks use what the strategy returned, and this fit's loss (weighted
         # when weights were given)
@@ -101,8 +102,9 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
     """The epochs of a fit, with LR scaling, a resumed or fault-tolerance checkpoint, warmup and the callbacks."""
     strategy, optimizer = model.strategy, objects.optimizer
     multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
-    with scaled_learning_rates(optimizer, objects.scheduler, multiplier):
-        model._lr_multiplier = multiplier
+    model._lr_multiplier = multiplier   # the optimizer keeps the schedule's rates; each step takes them scaled
+    rates = StepRates(optimizer, 1.0)
+    try:
         model.history = History()
         params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train),
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
@@ -123,17 +125,17 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
             fault_tolerance.begin(model, restartable, state, options, params, initial_epoch)
         elif state is not None:
             params["summary"] += model.position.metrics_note(initial_epoch, "resume")
-        warmup = warmup_for(options, train, optimizer, multiplier, initial_epoch, model.position)
+        rates = step_rates(options, train, optimizer, multiplier, initial_epoch, model.position)
         if options.verbose and strategy.is_global_zero:
             print(params["summary"])
         model.stop_training = False
         # after a resume: a bad checkpoint runs no forward
         first_steps = prepare_fit_data(model, objects.net, train, val)
-        try:
-            Loop(model, strategy, callbacks, objects, settings, warmup, first_steps).fit(
-                train, val, options.epochs, initial_epoch, options.validation_freq)
-        finally:
-            model._lr_multiplier = 1.0
+        Loop(model, strategy, callbacks, objects, settings, rates, first_steps).fit(
+            train, val, options.epochs, initial_epoch, options.validation_freq)
+    finally:   # a step that raised leaves the schedule's rates too
+        rates.release()
+        model._lr_multiplier = 1.0
 
 
 def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
@@ -145,19 +147,20 @@ def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict
     return CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
 
 
-def warmup_for(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
-               position: EpochPosition) -> Warmup | None:
-    """The LR ramp of the first `lr_warmup_epochs` epochs; a resumed fit continues it where it stood."""
+def step_rates(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
+               position: EpochPosition) -> StepRates:
+    """The scale of each optimizer step's LR, with the ramp of the first `lr_warmup_epochs` epochs; a resumed fit
+    continues the ramp where it stood."""
     if not options.lr_warmup_epochs:
-        return None
+        return StepRates(optimizer, multiplier)
     num_batches = batch_count(train)
     if num_batches is None:
         raise ValueError("lr_warmup_epochs needs data whose number of batches is known (len()); "
                          "this data has no length")
     accumulate = options.gradient_accumulation_steps
     steps_per_epoch = -(-num_batches // accumulate)   # a short last window steps too
-    return Warmup(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
-                  steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
+    return StepRates(optimizer, multiplier, options.lr_warmup_epochs * steps_per_epoch,
+                     steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
 
 
 def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,

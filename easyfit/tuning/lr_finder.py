@@ -49,12 +49,10 @@ class LRSweep(Callback):
         self.losses: list[float] = []
         self.average = 0.0
         self.ratios: list[float] = []
-        self.multiplier = 1.0
 
     def on_train_begin(self, logs=None):
         groups = self.model.optimizer.param_groups
         self.ratios = [group["lr"] / groups[0]["lr"] if groups[0]["lr"] else 1.0 for group in groups]
-        self.multiplier = self.params.get("lr_multiplier", 1.0)
 
     def lr_at(self, step: int) -> float:
         return self.start_lr * (self.end_lr / self.start_lr) ** (step / max(self.num_steps - 1, 1))
@@ -62,7 +60,7 @@ class LRSweep(Callback):
     def on_train_batch_begin(self, batch, logs=None):
         lr = self.lr_at(len(self.lrs))
         for group, ratio in zip(self.model.optimizer.param_groups, self.ratios):
-            group["lr"] = lr * ratio * self.multiplier
+            group["lr"] = lr * ratio   # each step takes it times fit's scale
         self.lrs.append(lr)
 
     def on_train_batch_end(self, batch, logs=None):

@@ -251,15 +251,15 @@ def test_lr_scheduler_schedules_each_param_group_from_its_own_lr(regression):
 
 
 def test_lr_scheduler_speaks_the_users_lr_scale():
-    """When fit scales the LR for a larger effective batch, the schedule sees and returns unscaled LRs."""
+    """When fit scales the LR for a larger effective batch, the schedule sees and returns unscaled LRs: the
+    optimizer holds them, and each step takes them times the scale (tests/parts/test_lr_scaling.py)."""
     model = sgd_model(lr=0.1)
-    model.optimizer.param_groups[0]["lr"] = 0.4   # as inside fit with lr_multiplier 4
     scheduler = LearningRateScheduler(lambda epoch, lr: lr + 0.1)
     scheduler.set_model(model)
     scheduler.set_params({"lr_multiplier": 4.0})
     logs: dict = {}
     scheduler.on_epoch_begin(0, logs)
-    assert logs["learning_rate"] == pytest.approx(0.2) and model.optimizer.param_groups[0]["lr"] == pytest.approx(0.8)
+    assert logs["learning_rate"] == pytest.approx(0.2) and model.optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
 
 
 def test_lr_scheduler_rejects_a_schedule_that_returns_no_number(regression):

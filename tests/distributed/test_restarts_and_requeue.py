@@ -133,7 +133,7 @@ def test_a_restart_on_more_processes_trains_again_the_samples_of_a_partial_globa
     """1 -> 2 processes, 3 batches of 16 done: 48 samples are one new global batch of 32 and half of the next, so
     the epoch continues at step 1 and 16 samples are trained again (the 2 -> 1 case runs for real in
     tests/distributed/test_fault_tolerance.py)."""
-    model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.1)   # the LR as restored for 2 processes
+    model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.05)   # the schedule's LR: each step scales it
     model.strategy = SimpleNamespace(world_size=2, batch_factor=2, is_global_zero=True)
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
     run = fault_tolerance.RestartableRun("torchrun", "unused", restart=1, resume_from="unused")

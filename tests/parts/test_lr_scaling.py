@@ -8,7 +8,7 @@ import torch
 
 import easyfit
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.parts.lr_scaling import Warmup, describe, lr_multiplier, scaled_learning_rates
+from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier
 
 
 def _optimizer(*lrs: float) -> torch.optim.Optimizer:
@@ -27,41 +27,71 @@ def test_unknown_rule_is_an_error_naming_the_valid_ones():
         lr_multiplier("quadratic", 2)
 
 
-def test_every_group_and_the_scheduler_are_scaled_then_restored():
+def test_each_step_takes_every_groups_own_lr_scaled_and_gives_it_back():
     optimizer = _optimizer(0.1, 0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
-    with scaled_learning_rates(optimizer, scheduler, 2.0):
-        assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.2, 0.02])
-        assert scheduler.base_lrs == pytest.approx([0.2, 0.02])
-    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.1, 0.01])
-    assert scheduler.base_lrs == pytest.approx([0.1, 0.01])
+    rates = StepRates(optimizer, 2.0)
+    rates.apply(0)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.2, 0.02])
+    rates.release()
+    assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.01]
+    assert scheduler.base_lrs == [0.1, 0.01], "the schedule never sees the scale"
 
 
 def test_warmup_ramps_linearly_from_the_base_to_the_scaled_lr():
-    optimizer = _optimizer(0.4)       # already scaled: base 0.1 × 4
-    seen = _rates_taken(optimizer, Warmup(optimizer, multiplier=4.0, steps=3), 5)
+    optimizer = _optimizer(0.1)
+    seen = _rates_taken(optimizer, StepRates(optimizer, multiplier=4.0, warmup_steps=3), 5)
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
-    assert optimizer.param_groups[0]["lr"] == 0.4
+    assert optimizer.param_groups[0]["lr"] == 0.1
 
 
 def test_a_per_step_schedule_runs_its_own_course_under_the_warmup():
     """The ramp multiplies the LR the schedule gives each step; the schedule never sees the ramped LR (a chained
     ExponentialLR would otherwise decay the ramped value)."""
-    optimizer = _optimizer(0.4)
+    optimizer = _optimizer(0.1)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
-    seen = _rates_taken(optimizer, Warmup(optimizer, multiplier=4.0, steps=4), 6, scheduler)
-    factors = [0.25, 0.4375, 0.625, 0.8125, 1.0, 1.0]
-    assert seen == pytest.approx([0.4 * 0.5 ** step * factor for step, factor in enumerate(factors)])
+    seen = _rates_taken(optimizer, StepRates(optimizer, multiplier=4.0, warmup_steps=4), 6, scheduler)
+    factors = [1.0, 1.75, 2.5, 3.25, 4.0, 4.0]
+    assert seen == pytest.approx([0.1 * 0.5 ** step * factor for step, factor in enumerate(factors)])
 
 
-def _rates_taken(optimizer, warmup: Warmup, steps: int, scheduler=None) -> list[float]:
-    """The LR of each optimizer step, as the training loop sets it: the warmup's ramp for the step, then a per-step
-    schedule stepped."""
+SCHEDULES = {
+    "OneCycleLR": lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=8),
+    "CyclicLR": lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, 0.01, 0.1, step_size_up=2),
+    "SequentialLR": lambda opt: torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),
+        torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)], milestones=[2]),
+    "ChainedScheduler": lambda opt: torch.optim.lr_scheduler.ChainedScheduler([
+        torch.optim.lr_scheduler.ExponentialLR(opt, 0.9), torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)]),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_a_schedule_with_rates_of_its_own_is_scaled_at_every_step(name):
+    """Each step takes the schedule's own rate times the scale, also where the schedule sets absolute rates
+    (max_lr) or chains schedulers that hold rates of their own; the optimizer keeps the schedule's value."""
+    plain = _optimizer(0.1)
+    schedule = SCHEDULES[name](plain)
+    expected = []
+    for _ in range(6):
+        expected.append(plain.param_groups[0]["lr"] * 2)
+        plain.step()
+        schedule.step()
+    optimizer = _optimizer(0.1)
+    seen = _rates_taken(optimizer, StepRates(optimizer, 2.0), 6, SCHEDULES[name](optimizer))
+    assert seen == pytest.approx(expected, rel=1e-12)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(plain.param_groups[0]["lr"], rel=1e-12)
+
+
+def _rates_taken(optimizer, rates: StepRates, steps: int, scheduler=None) -> list[float]:
+    """The LR of each optimizer step, as the training loop sets it: the scale (and warmup) for the step, then a
+    per-step schedule stepped."""
     taken = []
     for step in range(steps):
-        warmup.apply(step)
+        rates.apply(step)
         taken.append(optimizer.param_groups[0]["lr"])
-        warmup.release()
+        optimizer.step()
+        rates.release()
         if scheduler is not None:
             scheduler.step()
     return taken
@@ -82,18 +112,18 @@ def test_an_epoch_schedule_keeps_its_decay_through_the_warmup():
 
 
 def test_a_resumed_warmup_continues_where_it_stood():
-    optimizer = _optimizer(0.4)
-    Warmup(optimizer, multiplier=4.0, steps=3, steps_done=1).apply(0)
+    optimizer = _optimizer(0.1)
+    StepRates(optimizer, multiplier=4.0, warmup_steps=3, steps_done=1).apply(0)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
-    optimizer = _optimizer(0.4)
-    Warmup(optimizer, multiplier=4.0, steps=3, steps_done=6).apply(0)   # resumed after the warmup: no ramp again
+    optimizer = _optimizer(0.1)
+    StepRates(optimizer, multiplier=4.0, warmup_steps=3, steps_done=6).apply(0)   # after the warmup: no ramp again
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
 
 
 def test_summary_line_says_what_was_done():
     strategy = DDPStrategy()
     strategy.configure(accelerator="cpu", parallel_devices=[torch.device("cpu")] * 2)
-    optimizer = _optimizer(0.1)
+    optimizer = _optimizer(0.05)
     text = describe(16, strategy, "linear", optimizer, 2.0)
     assert text == "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)"
     assert "not scaled" in describe(16, strategy, None, _optimizer(0.05), 1.0)
@@ -109,13 +139,20 @@ def test_one_process_fit_records_the_scaling_and_leaves_the_lr_alone():
     assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
 
 
-def test_resuming_with_another_scale_rescales_the_checkpoint_lrs(tmp_path):
+def test_a_checkpoint_holds_the_schedules_own_lrs(tmp_path):
+    """Saved inside a scaled fit, the checkpoint holds the optimizer's own LRs; one written by an older easyfit,
+    whose optimizer held the scaled LRs, loads at the schedule's own LRs too."""
     net = torch.nn.Linear(3, 2)
     model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=0.05))
     model._lr_multiplier = 2.0        # as inside a 2-process fit with linear scaling
-    model.optimizer.param_groups[0]["lr"] = 0.1
     model.save(tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.05
     fresh = easyfit.Model(torch.nn.Linear(3, 2), "cross_entropy", "sgd")
-    fresh.restore(torch.load(tmp_path / "ckpt.pt", weights_only=True))
-    assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    fresh.restore(state)
+    assert fresh.optimizer.param_groups[0]["lr"] == 0.05
     assert math.isclose(fresh._lr_multiplier, 1.0)
+    del state["unscaled_lrs"]
+    state["optimizer"]["param_groups"][0]["lr"] = 0.1   # as an older easyfit saved it
+    fresh.restore(state)
+    assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
