@@ -45,6 +45,20 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
     def configure_training(self, settings) -> None:
         self._precision_name = settings.precision
 
+    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+        self._drop_gradients()
+        super().hand_back(user_net, user_optimizer, net, optimizer)
+
+    def teardown(self) -> None:
+        self._drop_gradients()
+        super().teardown()
+
+    def _drop_gradients(self) -> None:
+        """The gradients left in the user's parameters zeroed: the next fit's ShardedDataParallel takes their values
+        into its reduce buckets, and its first step would add them to its own."""
+        if isinstance(self.fit_state, FairScaleFit) and self.fit_state.wrapped is not None:
+            self.fit_state.wrapped.zero_grad(set_to_none=True)
+
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """ShardedDataParallel keeps gradients in reduce buckets: they are zeroed through it (the optimizer's
         zero_grad(set_to_none=True) would detach them from the buckets and train wrongly, silently)."""
