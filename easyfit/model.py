@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from easyfit.callbacks.base import CallbackList, callback_list, fit_returned
@@ -23,6 +24,7 @@ from easyfit.parts.optimizers import build_optimizer, build_scheduler, optimizer
 from easyfit.parts.precision import Precision
 from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
+from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.compiling import CompiledSteps
 from easyfit.training.loop import TrainingObjects
@@ -73,6 +75,7 @@ class Model(OnBatchCalls):
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
         self.compiled_steps = CompiledSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
+        self._input_example = None   # two samples of the last call's first batch: what export traces with
 
     def compile(self, optimizer: Any = "adam", loss: Any = "cross_entropy", metrics: Any = None, *,
                 lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch",
@@ -278,6 +281,16 @@ class Model(OnBatchCalls):
     def load_weights(self, path: str | os.PathLike, trusted: bool = False) -> None:
         """Load `save_weights`' file, `torch.save(net.state_dict())`'s or a checkpoint's (`trusted`: see `load`)."""
         self.load_net_state(net_weights.read_state(path, self.net_state(), trusted))
+
+    def export(self, path: str | os.PathLike, format: str | None = None, input_example: Any = None,
+               dtype: torch.dtype = torch.float32) -> None:
+        """Write the net as an ONNX file (`format="onnx"`, `*.onnx`) or a torch.export program (`"torch"`, `*.pt2`)
+        that serves any batch size without easyfit; the format follows the suffix when not given. It is traced on
+        `input_example` (inputs as the net takes them) or the first batch the last fit / evaluate / predict saw, in
+        eval mode, in `dtype`; global rank 0 writes, atomically (easyfit.saving.export, docs/api.md)."""
+        if self.is_global_zero:
+            example = self._input_example if input_example is None else example_of(input_example)
+            export_net(self.net, path, format, example, dtype)
 
     def count_params(self) -> int:
         """The number of parameters of the net (trainable or not; buffers are not parameters)."""

@@ -13,6 +13,7 @@ import pickle
 import re
 import tempfile
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 import torch
@@ -91,15 +92,21 @@ def save_checkpoint_file(path: str | os.PathLike, state: dict) -> None:
 
 def save_file_atomically(path: str | os.PathLike, obj) -> None:
     """`torch.save(obj)` to a temporary file in the same folder, flushed, then renamed over `path`."""
+    write_atomically(path, lambda temp_path: torch.save(obj, temp_path))
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """`write(temp_path)` writes a temporary file in the same folder (with `path`'s suffix), which is flushed to
+    disk, then renamed over `path`; on any failure it is removed and `path` is left as it was."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temp_path = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    handle, temp_path = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1] or ".pt", dir=directory)
     try:
+        os.close(handle)
         os.chmod(temp_path, 0o666 & ~_umask())   # as an ordinary new file, not mkstemp's owner-only 0600
-        with os.fdopen(handle, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
+        write(temp_path)
+        with open(temp_path, "rb+") as file:
             os.fsync(file.fileno())
         os.replace(temp_path, path)
     except BaseException:

@@ -35,6 +35,7 @@ from easyfit.data.explain import (
 from easyfit.data.source import BatchSource
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
 from easyfit.parts.outputs import prediction
+from easyfit.saving.export import recorded_example
 from easyfit.training.loop import _eval_mode, call_net
 from easyfit.utils.tensors import map_tensors
 
@@ -73,6 +74,7 @@ class FirstStep:
 
     def forward(self, net: nn.Module, inputs):
         """The net's output on the first batch; in-memory integer inputs become floats when the net raised on them."""
+        self.model._input_example = recorded_example(inputs)   # what model.export traces with
         norms: list = []
         hooks = [module.register_forward_pre_hook(lambda m, args, name=name: norms.append((name, m, args[0].shape)))
                  for name, module in net.named_modules() if self.training and isinstance(module, BATCH_NORMS)]
@@ -99,6 +101,7 @@ class FirstStep:
                 raise explain(error, net, inputs, self.source) from error
             first = error
         floats = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
+        self.model._input_example = recorded_example(floats)
         try:
             return call_net(net, floats)
         except (RuntimeError, TypeError):   # not a net of float inputs either: the integers' error is the one
