@@ -234,7 +234,13 @@ class Model(OnBatchCalls):
              metrics: Any = None, trusted: bool = False, **kwargs) -> Model:
         """A Model around `net` with the weights, optimizer state and history saved at `path`, read as data
         (`trusted=True`: any object, only for a file you trust). Loss, optimizer and metrics given by name at save
-        time are restored by name; pass them to override."""
+        time are restored by name; pass them to override. A `.safetensors` file holds weights only: the Model gets
+        them, and the loss, optimizer and metrics given (else Model's defaults)."""
+        if net_weights.is_safetensors(path):
+            given = {"loss": loss, "optimizer": optimizer, "metrics": metrics}
+            model = cls(net, **{name: value for name, value in given.items() if value is not None}, **kwargs)
+            model.load_weights(path)
+            return model
         state = load_checkpoint_file(path, trusted=trusted)
         args, keywords = model_state.saved_arguments(state, path, net, loss, optimizer, metrics, kwargs)
         model = cls(net, *args, **keywords)
@@ -273,13 +279,14 @@ class Model(OnBatchCalls):
 
     def save_weights(self, path: str | os.PathLike) -> None:
         """Write the net's state dict atomically (global rank 0 writes; inside fit call it on every rank);
-        `net.load_state_dict(torch.load(path))` reads it."""
+        `net.load_state_dict(torch.load(path))` reads it; a path ending in `.safetensors` is written in that format."""
         state = self.net_state()
         if self.is_global_zero:
             net_weights.save_state(state, path)
 
     def load_weights(self, path: str | os.PathLike, trusted: bool = False) -> None:
-        """Load `save_weights`' file, `torch.save(net.state_dict())`'s or a checkpoint's (`trusted`: see `load`)."""
+        """Load `save_weights`' file, `torch.save(net.state_dict())`'s, a `.safetensors` file or a checkpoint's
+        (`trusted`: see `load`)."""
         self.load_net_state(net_weights.read_state(path, self.net_state(), trusted))
 
     def export(self, path: str | os.PathLike, format: str | None = None, input_example: Any = None,

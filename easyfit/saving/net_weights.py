@@ -1,4 +1,6 @@
-"""A net's state dict as a list of numpy arrays, and weight files that a plain net loads."""
+"""A net's state dict as a list of numpy arrays, and weight files that a plain net loads: torch's (`torch.save` of
+the state dict) or, for a path ending in `.safetensors`, the safetensors format Hugging Face and timm share (tensors
+and their names only; the package is imported on use)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +8,9 @@ import os
 import numpy as np
 import torch
 
-from easyfit.saving.checkpoint import FORMAT_KEY, as_data, load_data, save_file_atomically
+from easyfit.saving.checkpoint import FORMAT_KEY, as_data, load_data, save_file_atomically, write_atomically
+
+SAFETENSORS_SUFFIX = ".safetensors"
 
 
 def as_arrays(state: dict) -> list[np.ndarray]:
@@ -30,18 +34,30 @@ def from_arrays(state: dict, weights: list) -> dict:
 
 
 def save_state(state: dict, path: str | os.PathLike) -> None:
-    """Write a state dict (on the CPU) atomically; `net.load_state_dict(torch.load(path))` reads it."""
-    save_file_atomically(path, as_data({key: value.detach().cpu() for key, value in state.items()}))
+    """Write a state dict (on the CPU) atomically; `net.load_state_dict(torch.load(path))` reads it, or for a
+    `.safetensors` path `safetensors.torch.load_file(path)`."""
+    state = {key: value.detach().cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+    if is_safetensors(path):
+        tensors = _safetensors_tensors(state)
+        write_atomically(path, lambda temp_path: _safetensors().save_file(tensors, temp_path, {"format": "pt"}))
+    else:
+        save_file_atomically(path, as_data(state))
 
 
 def read_state(path: str | os.PathLike, current: dict, trusted: bool = False) -> dict:
-    """The state dict in a file written by `save_state` (or `torch.save(net.state_dict())`), or a checkpoint's, read
-    as data (`trusted`: see checkpoint.load_data), after checking that it fits `current` (the net's state dict), so
-    that a file that does not fit changes nothing."""
+    """The state dict in a file written by `save_state` (or `torch.save(net.state_dict())`, or a safetensors file),
+    or a checkpoint's, read as data (`trusted`: see checkpoint.load_data), after checking that it fits `current`
+    (the net's state dict), so that a file that does not fit changes nothing."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist")
-    state = load_data(path, "cpu", trusted)
+    if is_safetensors(path):
+        try:
+            state = _safetensors().load_file(path, device="cpu")
+        except Exception as error:
+            raise ValueError(f"{path!r} is not a safetensors file: {error}") from None
+    else:
+        state = load_data(path, "cpu", trusted)
     if isinstance(state, dict) and FORMAT_KEY in state:
         state = state["net"]
     if not isinstance(state, dict):
@@ -49,6 +65,34 @@ def read_state(path: str | os.PathLike, current: dict, trusted: bool = False) ->
                         "model.save_weights(path) or torch.save(net.state_dict(), path)")
     check_fits(current, state, f"load_weights({path!r})")
     return state
+
+
+def is_safetensors(path: str | os.PathLike) -> bool:
+    return os.fspath(path).lower().endswith(SAFETENSORS_SUFFIX)
+
+
+def _safetensors():
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise ImportError("weights files ending in .safetensors need safetensors: pip install easyfit[safetensors]"
+                          ) from None
+    return safetensors.torch
+
+
+def _safetensors_tensors(state: dict) -> dict:
+    """The state's tensors as safetensors stores them: contiguous, and a tensor that shares memory with an earlier
+    entry (tied weights) copied, since the format holds each tensor once. Anything else is refused by name."""
+    tensors, storages = {}, set()
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"save_weights: the state dict's entry {key!r} is a {type(value).__name__}; a "
+                            ".safetensors file holds tensors only (save to a .pt path instead)")
+        value = value.contiguous()
+        storage = value.untyped_storage().data_ptr()
+        tensors[key] = value.clone() if storage in storages else value
+        storages.add(storage)
+    return tensors
 
 
 def check_fits(current: dict, state: dict, call: str) -> None:
