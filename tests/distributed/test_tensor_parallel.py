@@ -165,10 +165,23 @@ def test_auto_plan_splits_what_it_can_prove_and_says_why_the_rest_stays_whole():
     ({"mlp.0": "diagonal"}, "the style 'diagonal'"),
     ({"attention": "heads"}, "'attention' (MultiheadAttention(4, heads=2)), but its 2 heads do not divide by the "
                              "tensor-parallel size 4"),
+    ({"odd.0": "colwise"}, "'odd.0' colwise, but its 3 output features do not divide by the tensor-parallel size 4"),
+    ({"odd.2": "rowwise"}, "'odd.2' rowwise, but its 3 input features do not divide by the tensor-parallel size 4"),
+    ({"padded": "rowwise"}, "'padded' rowwise, but its 6 rows do not divide by the tensor-parallel size 4"),
 ])
 def test_a_plan_that_does_not_fit_the_net_is_refused_naming_the_module(plan, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         parse_plan(Net(), plan, 4)
+
+
+def test_a_dict_plan_splitting_sizes_that_do_not_divide_is_refused_before_any_process_starts():
+    """15 outputs over 2 ranks: refused by the call's plan, in the caller, not by DTensor in the ranks mid-fit."""
+    net = nn.Sequential(nn.Linear(6, 15), nn.ReLU(), nn.Linear(15, 3))
+    model = easyfit.Model(net, "mse", "sgd")
+    strategy = easyfit.strategies.ModelParallel(plan={"0": "colwise", "2": "rowwise"})
+    with pytest.raises(ValueError, match="'0' colwise, but its 15 output features do not divide by the "
+                                         "tensor-parallel size 2"):
+        model.fit(torch.randn(8, 6), torch.randn(8, 3), devices=2, accelerator="cpu", strategy=strategy, verbose=0)
 
 
 def test_a_tied_weight_split_two_ways_is_refused():

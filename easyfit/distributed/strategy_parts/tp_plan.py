@@ -100,6 +100,23 @@ def check_heads(path: str, module: nn.Module, tp_size: int) -> None:
                              "out of the plan")
 
 
+#: the size each style splits, by module kind: (attribute, what it counts)
+SPLIT_SIZES = {("colwise", nn.Linear): ("out_features", "output features"),
+               ("rowwise", nn.Linear): ("in_features", "input features"),
+               ("colwise", nn.Embedding): ("embedding_dim", "embedding dimensions"),
+               ("rowwise", nn.Embedding): ("num_embeddings", "rows")}
+
+
+def check_divides(path: str, module: nn.Module, style: str, tp_size: int) -> None:
+    """Refuses a split whose size does not divide by the tensor-parallel size (DTensor fails on it mid-fit)."""
+    for (named_style, kind), (attribute, counted) in SPLIT_SIZES.items():
+        size = getattr(module, attribute, None)
+        if named_style == style and isinstance(module, kind) and size % tp_size:
+            raise ValueError(f"the tensor-parallel plan splits {path!r} {style}, but its {size} {counted} do not "
+                             f"divide by the tensor-parallel size {tp_size}: leave it out of the plan (it stays "
+                             f"whole on every rank), or use a tensor_parallel_size that divides {size}")
+
+
 def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> Plan:
     """A user's dict plan, its patterns matched against the net's module names, each style checked against the
     module it names."""
@@ -126,6 +143,7 @@ def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> Plan:
                                  f"{type(modules[path]).__name__}: {style!r} fits {fits} only")
             if style == "heads":
                 check_heads(path, modules[path], tp_size)
+            check_divides(path, modules[path], style, tp_size)
             splits[path] = Split(path, style)
     result = Plan(tp_size, gather_lone_columns([splits[path] for path in modules if path in splits], modules))
     check_ties(net, result)
