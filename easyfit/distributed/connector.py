@@ -16,6 +16,8 @@ Conflicts raise an error that says what to change.
 """
 from __future__ import annotations
 
+import copy
+
 from easyfit.distributed import memory
 from easyfit.distributed.calls import Call, configure_for_call, read_call
 from easyfit.distributed.memory import TrainingMemory
@@ -100,4 +102,6 @@ def connect(strategy="auto", training_memory: TrainingMemory | None = None, **pl
     if name is not None:
         strategy = registry.build(name, call)
         strategy.auto_reason = reason
+    else:   # the user's own object stays as they made it: a second call configures it afresh
+        strategy = copy.copy(strategy)
     return configure_for_call(strategy, call, devices)

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+import easyfit
 from easyfit.distributed import calls
 from easyfit.distributed.connector import connect
 from easyfit.distributed.launchers import ProcessLauncher
@@ -200,10 +201,11 @@ def test_ddp2_under_slurm_runs_one_task_per_node(gpus, env):
 
 
 # ---------------------------------------------------------------- precedence
-def test_a_strategy_object_is_used_as_given_and_its_unset_fields_filled(notebook):
+def test_a_strategy_object_is_used_as_given_and_its_unset_fields_filled_in_a_copy(notebook):
     given = DDPStrategy(start_method="spawn", find_unused_parameters=True)
     strategy = connect(given, **CPU2)
-    assert strategy is given and kind(strategy) == ("DDPStrategy", "spawn")   # not the notebook's fork
+    assert strategy is not given and given.parallel_devices is None   # the user's object is left as made
+    assert kind(strategy) == ("DDPStrategy", "spawn")   # not the notebook's fork
     assert strategy.parallel_devices == [torch.device("cpu")] * 2 and strategy.num_nodes == 1
     assert strategy.process_group_backend == "gloo" and strategy.environment.name == "local"
     assert strategy.find_unused_parameters
@@ -373,3 +375,14 @@ def test_a_strategy_with_its_own_optimizer_step_is_not_compiled_past_it():
 
     assert Strategy.plain_optimizer_step and not OwnStep.plain_optimizer_step and SaysPlain.plain_optimizer_step
     assert connect("ddp", devices=2, accelerator="cpu").plain_optimizer_step
+
+
+@pytest.mark.parametrize("public_name", ["DDP", "FSDP", "Zero"])
+def test_one_strategy_object_serves_two_calls_with_different_devices(public_name):
+    """configure fills a copy: the user's object stays as they made it, and a second call gets its own devices."""
+    strategy = getattr(easyfit.strategies, public_name)(start_method="spawn")
+    made = dict(vars(strategy))
+    first = connect(strategy, devices=2, accelerator="cpu")
+    second = connect(strategy, devices=3, accelerator="cpu")
+    assert (first.num_processes, second.num_processes) == (2, 3)
+    assert vars(strategy).keys() == made.keys() and all(vars(strategy)[key] is made[key] for key in made)
