@@ -13,6 +13,8 @@ EXTRAS = {
     "mlflow": ["mlflow>=3.0"],
     "wandb": ["wandb>=0.19"],
     "optuna": ["optuna>=4.0"],
+    # launcher="ray": Ray Train's TorchTrainer, Ray Data as a batch source, Ray Tune (docs/ray.md)
+    "ray": ["ray[train,tune,data]>=2.50"],
     # Hugging Face models, datasets and tokenizers (loss="model", a datasets.Dataset, examples/finetune_text.py)
     "hf": ["transformers>=4.46", "datasets>=2.19", "tokenizers>=0.19"],
     # model.export: ONNX files (torch.onnx's exporter, and onnxruntime to run them); .pt2 files need torch alone
@@ -29,6 +31,7 @@ EXTRAS["dev"] = [
     "torchmetrics>=1.0",   # a user's metric objects, and the numbers the named metrics are compared with
     *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too
     *EXTRAS["export"], *EXTRAS["safetensors"],   # ONNX and .pt2 export, safetensors weight files
+    *EXTRAS["ray"],   # launcher="ray" on a local Ray cluster the tests start
 ]
 
 setup(

@@ -3,6 +3,7 @@ import os
 
 from easyfit import callbacks, strategies
 from easyfit.callbacks.history import History
+from easyfit.distributed import launcher_choice as launchers
 from easyfit.distributed.launch import launch
 from easyfit.model import Model
 
@@ -11,4 +12,4 @@ if os.environ.get("EASYFIT_EXCHANGE_DIR"):   # a re-run rank: its errors reach r
     report_errors_from_start()
 
 __version__ = "0.1.0"
-__all__ = ["Model", "History", "callbacks", "launch", "strategies", "__version__"]
+__all__ = ["Model", "History", "callbacks", "launch", "launchers", "strategies", "__version__"]

@@ -12,7 +12,7 @@ import pytest
 
 OPTIONAL = ("deepspeed", "fairscale", "horovod", "bagua", "torch_xla", "matplotlib", "sklearn", "pandas", "scipy",
             "tensorboard", "mlflow", "wandb", "optuna", "transformers", "datasets", "tokenizers", "timm",
-            "torchvision", "onnx", "onnxscript", "onnxruntime", "safetensors")
+            "torchvision", "onnx", "onnxscript", "onnxruntime", "safetensors", "ray")
 TIMED_IMPORT = f"""
 import json, sys, time
 start = time.perf_counter()

@@ -18,12 +18,12 @@ from easyfit.callbacks.terminate_on_nan import TerminateOnNaN
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "EpochSummary", "EarlyStopping", "ModelCheckpoint",
            "LearningRateScheduler", "CSVLogger", "TerminateOnNaN", "ReduceLROnPlateau", "LambdaCallback",
            "BackupAndRestore", "TensorBoard", "MLflowLogger", "WandbLogger", "EMA", "SWA", "WeightAveraging",
-           "OptunaPruning", "ThroughputMonitor", "Profiler"]
+           "OptunaPruning", "TuneReport", "ThroughputMonitor", "Profiler"]
 
 #: the callbacks around the fit, each imported on first use (`import easyfit` stays light)
 AROUND = {"MLflowLogger": "mlflow_logger", "WandbLogger": "wandb_logger", "EMA": "weight_averaging",
           "SWA": "weight_averaging", "WeightAveraging": "weight_averaging", "OptunaPruning": "optuna_pruning",
-          "ThroughputMonitor": "throughput", "Profiler": "profiler"}
+          "TuneReport": "ray_report", "ThroughputMonitor": "throughput", "Profiler": "profiler"}
 
 
 def __getattr__(name: str):

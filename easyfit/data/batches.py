@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subs
 from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
 from easyfit.data.map_style import check_not_splits, collate_samples, is_map_style, map_style_loader
+from easyfit.data.ray_dataset import RayBatches, is_ray_data
 from easyfit.data.samplers import sampler_indices
 from easyfit.data.source import BatchSource, WrappedBatches
 from easyfit.utils.checks import check_not_a_path, check_positive_int
@@ -227,13 +228,22 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuffle: bool = False,
                  seed: int = 0, num_workers: int = 0, replace_sampler: bool = True,
-                 float_dtype: torch.dtype = torch.float32, collate_fn: Callable | None = None) -> BatchSource:
+                 float_dtype: torch.dtype = torch.float32, collate_fn: Callable | None = None,
+                 inputs_only: bool = False) -> BatchSource:
     """Batches for one of fit (train=True) or evaluate/predict (train=False), sharded for `strategy`.
-    float64 numpy data becomes `float_dtype`; `collate_fn` collates the samples of data easyfit batches itself."""
+    float64 numpy data becomes `float_dtype`; `collate_fn` collates the samples of data easyfit batches itself;
+    `inputs_only` (predict): a Ray Dataset's batches leave its target column out."""
     check_positive_int(batch_size, "batch_size")
     device = strategy.batch_device
     source = "the training data" if train else "the validation data"
     sharded = not train and strategy.world_size > 1   # evaluation data split by easyfit's sampler: see BatchSource
+    if is_ray_data(x):
+        if y is not None:
+            raise ValueError("y was given together with a Ray Dataset: its target is its column 'y' (or 'label', "
+                             "'labels', 'target')")
+        _refuse_collate_fn(collate_fn, "a Ray Dataset")
+        return RayBatches(x, batch_size, device, float_dtype, train, not inputs_only, strategy.global_rank,
+                          strategy.world_size)
     tensors = _tensors_from(x, y, float_dtype)
     if tensors is not None:
         _refuse_collate_fn(collate_fn, "arrays and tensors")

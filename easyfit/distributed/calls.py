@@ -30,14 +30,15 @@ class Call:
         return self.environment.creates_processes_externally
 
 
-def read_call(run: RunOptions | None = None) -> Call:
-    """Parse the accelerator and devices of a call's run options, and detect who started this process."""
+def read_call(run: RunOptions | None = None, interactive: bool | None = None) -> Call:
+    """Parse the accelerator and devices of a call's run options, and detect who started this process;
+    `interactive`: None: whether this is a notebook or REPL."""
     run = run or RunOptions()
     devices = run.devices
     auto_select = run.auto_select_gpus or (isinstance(devices, str) and devices.strip().lower() == "auto_select")
     resolved, parsed = parse_devices(devices, resolve_accelerator(run.accelerator), auto_select=auto_select)
-    return Call(resolved, parsed, run.num_nodes, detect_environment(), run.process_group_backend, is_interactive(),
-                auto_select)
+    return Call(resolved, parsed, run.num_nodes, detect_environment(), run.process_group_backend,
+                is_interactive() if interactive is None else interactive, auto_select)
 
 
 def configure_for_call(strategy: Strategy, call: Call, devices="auto") -> Strategy:

@@ -81,9 +81,11 @@ def _xla_accelerator(name: str | None, strategy, accelerator: str) -> str:
     return accelerator
 
 
-def connect(strategy="auto", training_memory: TrainingMemory | None = None, **placement) -> Strategy:
+def connect(strategy="auto", training_memory: TrainingMemory | None = None, ranks_elsewhere: bool = False,
+            **placement) -> Strategy:
     """The Strategy for a call with these placement options (easyfit.distributed.run_options), configured for this
-    process. The steps:
+    process; `ranks_elsewhere`: the ranks are started elsewhere (Ray's workers), so a notebook's call is checked as
+    a script's. The steps:
     1. parse the strategy name (a bad name is reported first), the accelerator and the devices;
     2. resolve "auto" (rule 4) and build the strategy from its row in the registry (or take the user's object);
     3. under a launcher, devices="auto" becomes one device per launched process, if the strategy takes them;
@@ -95,7 +97,8 @@ def connect(strategy="auto", training_memory: TrainingMemory | None = None, **pl
     if name == "auto" and devices in ("auto", None):   # rule 2: this script's re-run ranks are a launcher too
         name, devices, num_nodes = _running_script_ranks(name, devices, num_nodes)
     accelerator = _xla_accelerator(name, strategy, run.accelerator)
-    call = read_call(run.replace(devices=devices, num_nodes=num_nodes, accelerator=accelerator))
+    call = read_call(run.replace(devices=devices, num_nodes=num_nodes, accelerator=accelerator),
+                     interactive=False if ranks_elsewhere else None)
     reason = None
     if name == "auto":
         name, reason = auto_strategy_name(call, training_memory)

@@ -10,6 +10,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from easyfit.distributed.launcher_choice import Ray
 from easyfit.parts.precision import parse_precision
 from easyfit.utils.checks import check_non_negative_int, check_positive_int, closest_name
 
@@ -17,6 +18,11 @@ from easyfit.utils.checks import check_non_negative_int, check_positive_int, clo
 def _check_flag(value, name: str) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_launcher(value, name: str) -> None:
+    if not (isinstance(value, Ray) or (isinstance(value, str) and value.lower() in ("auto", "ray"))):
+        raise ValueError(f'{name} must be "auto", "ray" or easyfit.launchers.Ray(...), got {value!r}')
 
 
 def _check_precision(value, name: str) -> None:
@@ -42,6 +48,9 @@ OPTIONS: list[RunOption] = [
               placement=True),
     RunOption("strategy", "auto", '"auto", a name ("ddp", "fsdp", "deepspeed", "pipeline", ...) or a Strategy object',
               placement=True),
+    RunOption("launcher", "auto", '"auto" (the script re-run, spawn / fork, or the launcher that started this '
+              'process), "ray" or easyfit.launchers.Ray(...): the call as a Ray Train TorchTrainer (docs/ray.md)',
+              _check_launcher),
     RunOption("num_nodes", 1, "machines taking part; `devices` is per machine", check_positive_int, placement=True),
     RunOption("precision", None, '"32", "64", "bf16-mixed" or "16-mixed"; None: as the previous call ("32" at first)',
               _check_precision),

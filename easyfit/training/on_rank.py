@@ -208,7 +208,7 @@ def evaluate_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int
 
 def predict_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
     strategy = model.strategy
-    batches = call_batches(model, run, x, y, batch_size, targets=False)
+    batches = call_batches(model, run, x, y, batch_size, targets=False, inputs_only=True)
     loop = eval_loop(model, verbose, callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches, "the data",
                                         targets=False)

@@ -4,12 +4,13 @@ call reads the plan."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from easyfit.callbacks.base import callback_list
-from easyfit.distributed.connector import connect
+from easyfit.distributed.connector import connect, strategy_name
 from easyfit.distributed.fault_tolerance import max_restarts_for
+from easyfit.distributed.launcher_choice import check_ray_call, ray_options
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.run_options import RunOptions, refuse_unknown
@@ -135,8 +136,15 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
     if method == "fit":
         check_fit_options(options)
         options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
+    on_ray = ray_options(run.launcher)
+    placement = run.placement()
+    if on_ray is not None:   # the workers resolve the nodes and their devices; here every check before Ray starts
+        check_ray_call(method, run.strategy.name if isinstance(run.strategy, Strategy) else
+                       strategy_name(run.strategy))
+        placement = {**placement, "num_nodes": 1, "strategy": _checked_here(run.strategy),
+                     "accelerator": _accelerator_here(run.accelerator)}
     strategy = connect(training_memory=estimate(model.net, model.optimizer) if method == "fit" else None,
-                       **run.placement())
+                       ranks_elsewhere=on_ray is not None, **placement)
     check_built_sharded(model.net, method, strategy.trains_built_sharded)
     precision = parse_precision(run.precision or model.precision.name)
     strategy.check_precision(precision)
@@ -146,6 +154,11 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
                          f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
                          "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
     check_compile(run.compile, strategy, options)
+    if on_ray is not None:
+        from easyfit.distributed.launchers.ray_train import RayLauncher
+        launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1) * run.num_nodes, run.accelerator,
+                               options.max_restarts if method == "fit" else 0, worker_plan)
+        return Plan(method, run, strategy, launcher, precision, True)
     launcher = strategy.launcher
     if method == "fit":
         from easyfit.distributed.launchers.restarts import with_restarts
@@ -153,3 +166,22 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
     elsewhere = launcher is not None and not launcher.rank_zero_in_caller
     return Plan(method, run, strategy, launcher, precision, elsewhere)
 
+
+def worker_plan(plan: Plan, model, options: Any) -> Plan:
+    """The plan of a call in a worker of launcher="ray": made again there, where Ray's worker context is the launch
+    environment (as torchrun's would be); rank 0 hands its result and state back to the caller."""
+    planned = plan_call(model, plan.method, plan.run.replace(launcher="auto"), options)
+    return replace(planned, launcher=None, rank_zero_elsewhere=True)
+
+
+def _checked_here(strategy):
+    """The caller of launcher="ray" checks the call on a copy of a strategy object: the workers configure theirs."""
+    import copy
+    return copy.deepcopy(strategy) if isinstance(strategy, Strategy) else strategy
+
+
+def _accelerator_here(accelerator: str) -> str:
+    """A caller without the GPUs of the cluster's workers (a CPU head node) checks a GPU call as a CPU one."""
+    import torch
+    wants_gpu = str(accelerator).lower() in ("gpu", "cuda")
+    return "cpu" if wants_gpu and not torch.cuda.is_available() else accelerator

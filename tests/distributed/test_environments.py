@@ -5,19 +5,26 @@ import os
 import socket
 
 import pytest
+import torch
 
+import easyfit
+from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import (
     LAUNCHED_RANK_VARIABLE,
     DeepSpeedEnvironment,
     LocalEnvironment,
     MPIEnvironment,
+    RayEnvironment,
     TorchElasticEnvironment,
     detect_environment,
     find_free_port,
 )
 from easyfit.distributed.environments.slurm import SLURMEnvironment, expand_nodelist
+from easyfit.distributed.launchers import RelaunchedRankLauncher
+from easyfit.distributed.run_options import RunOptions
+from easyfit.training.plan import plan_call
 
-PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_")
+PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_", "RAY_")
 NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
          "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
 
@@ -32,6 +39,9 @@ OPEN_MPI = {"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM
 HOROVOD_GLOO = {"HOROVOD_SIZE": "8", "HOROVOD_RANK": "5", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4",
                 "HOROVOD_CROSS_RANK": "1", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.5"}
 MPICH = {"PMI_SIZE": "8", "PMI_RANK": "5", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}
+#: a Ray Train worker of a 2-node, 4-worker run: Ray's torch backend's variables, and any Ray worker's RAY_RAYLET_PID
+RAY_WORKER = {"RAY_RAYLET_PID": "4242", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1",
+              "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "52761"}
 CHILD = {LAUNCHED_RANK_VARIABLE: "1", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1",
          "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
 
@@ -295,6 +305,8 @@ def test_unreadable_nodelist_suggests_master_addr(nodelist):
     ((CHILD, TORCHRUN, SLURM, OPEN_MPI), LocalEnvironment),
     ((TORCHRUN, DEEPSPEED, SLURM, OPEN_MPI), TorchElasticEnvironment),
     ((DEEPSPEED, SLURM, OPEN_MPI), DeepSpeedEnvironment),
+    ((TORCHRUN, RAY_WORKER), TorchElasticEnvironment),   # torchrun run inside a Ray task
+    ((RAY_WORKER, SLURM, OPEN_MPI), RayEnvironment),   # a Ray cluster inside a SLURM job
     ((OPEN_MPI, SLURM), MPIEnvironment),
     ((HOROVOD_GLOO, SLURM), MPIEnvironment),
     ((SLURM,), SLURMEnvironment),
@@ -306,9 +318,45 @@ def test_the_launcher_of_this_process_wins(env, tables, winner):
 
 
 def test_a_model_knows_its_rank_from_the_launcher_before_its_first_call(env):
-    import torch
-
-    import easyfit
     env(CHILD)
     model = easyfit.Model(torch.nn.Linear(2, 2))
     assert (model.global_rank, model.world_size, model.is_global_zero) == (3, 4, False)
+
+
+# ---------------------------------------------------------------- a Ray Train worker
+def test_a_ray_train_worker_says_its_ranks(env):
+    env(RAY_WORKER)
+    environment = detect_environment()
+    assert isinstance(environment, RayEnvironment) and not environment.launched_by_easyfit
+    assert (environment.world_size(), environment.global_rank(), environment.local_rank(), environment.node_rank(),
+            environment.local_world_size()) == (4, 3, 1, 1, 2)
+    assert (environment.main_address, environment.main_port) == ("10.0.0.2", 52761)
+
+
+def test_a_call_in_a_users_worker_takes_rays_ranks_and_starts_no_process(env):
+    env(RAY_WORKER)
+    strategy = connect(strategy="ddp", accelerator="cpu", num_nodes=2)
+    assert (strategy.world_size, strategy.global_rank, strategy.num_processes) == (4, 3, 2)
+    assert strategy.launcher is None   # the user's TorchTrainer started the ranks, and restarts them
+    with pytest.raises(ValueError, match=r"Ray Train started 4 workers \(2 per node\) but fit asks for num_nodes=1"):
+        connect(strategy="ddp", accelerator="cpu", devices=2)
+
+
+def test_a_worker_of_launcher_ray_is_easyfits_own(env):
+    env(RAY_WORKER, EASYFIT_RAY_LAUNCHED="1")
+    strategy = connect(strategy="fsdp", accelerator="cpu", num_nodes=2)
+    assert isinstance(strategy.launcher, RelaunchedRankLauncher)   # restarts, and the fault tolerance, are easyfit's
+
+
+def test_launcher_ray_is_planned_before_ray_starts_from_a_notebook_and_a_cpu_head_node(monkeypatch):
+    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
+    monkeypatch.setattr("sys.ps1", ">>> ", raising=False)   # a notebook or REPL: ddp could not re-run it
+    model = easyfit.Model(torch.nn.Linear(4, 1), loss="mse")
+    run = RunOptions(devices=2, num_nodes=3, strategy="ddp", accelerator="gpu", launcher="ray")
+    plan = plan_call(model, "evaluate", run)
+    assert plan.rank_zero_elsewhere and plan.launcher.num_workers == 6 and plan.launcher.accelerator == "gpu"
+    assert plan.strategy.num_nodes == 1   # the workers resolve the nodes; the caller only checks
+    sized = plan_call(model, "predict", run.replace(launcher=easyfit.launchers.Ray(num_workers=5)))
+    assert sized.launcher.num_workers == 5
+    with pytest.raises(ValueError, match="launcher='ray' runs fit, evaluate and predict"):
+        plan_call(model, "find_batch_size", run)

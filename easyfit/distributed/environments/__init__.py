@@ -6,11 +6,12 @@ Detection reads only `os.environ`, so it is cheap. `detect_environment()` checks
 2. Bagua's launcher (`BAGUA_SERVICE_PORT` + torch's rank variables)       -> BaguaEnvironment
 3. torchrun / torch elastic (`TORCHELASTIC_RUN_ID`, or `GROUP_RANK` + ranks) -> TorchElasticEnvironment
 4. the deepspeed launcher (`CROSS_RANK`, `CROSS_SIZE`: only it sets them)   -> DeepSpeedEnvironment
-5. mpirun / horovodrun (Open MPI `OMPI_COMM_WORLD_*`, horovodrun's `HOROVOD_*`,
+5. a Ray Train worker (a Ray worker with torch's rank variables)           -> RayEnvironment
+6. mpirun / horovodrun (Open MPI `OMPI_COMM_WORLD_*`, horovodrun's `HOROVOD_*`,
    MPICH / Intel MPI `PMI_*` with `MPI_LOCAL*`)                             -> MPIEnvironment
-6. SLURM running more than one task (`srun`, or `sbatch` with `--ntasks` > 1),
+7. SLURM running more than one task (`srun`, or `sbatch` with `--ntasks` > 1),
    outside an interactive allocation                                       -> SLURMEnvironment
-7. anything else: a plain `python script.py`; easyfit starts the others     -> LocalEnvironment
+8. anything else: a plain `python script.py`; easyfit starts the others     -> LocalEnvironment
 
 The launcher that started this very process comes first: launchers run inside others (torchrun, deepspeed, mpirun or
 horovodrun inside a SLURM job) and the outer one's variables are still there but describe the wrong processes.
@@ -22,6 +23,7 @@ import os
 import socket
 
 from easyfit.distributed.environments.base import ClusterEnvironment, all_set, env_value
+from easyfit.distributed.environments.ray_train import RayEnvironment
 from easyfit.distributed.environments.slurm import SLURMEnvironment
 
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
@@ -245,8 +247,8 @@ class MPIEnvironment(ClusterEnvironment):
                 f"{devices_per_node} ..., or horovodrun -np {total} -H host1:{devices_per_node},...)")
 
 
-ENVIRONMENTS = (LocalEnvironment, BaguaEnvironment, TorchElasticEnvironment, DeepSpeedEnvironment, MPIEnvironment,
-                SLURMEnvironment)
+ENVIRONMENTS = (LocalEnvironment, BaguaEnvironment, TorchElasticEnvironment, DeepSpeedEnvironment, RayEnvironment,
+                MPIEnvironment, SLURMEnvironment)
 
 
 def detect_environment() -> ClusterEnvironment:

@@ -1,0 +1,73 @@
+"""The values of the `launcher=` run option (who starts the ranks of a call), public as `easyfit.launchers`:
+"auto" (easyfit's own choice: the script re-run, spawn / fork, or the launcher that started this process), "ray",
+or `Ray(...)` with Ray Train's options. Nothing here imports Ray."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the strategies Ray Train cannot host, and why
+NOT_ON_RAY = {
+    "dp": "DataParallel runs every device in one process, and Ray Train starts one process per worker",
+    "horovod": "Horovod makes its own ring with horovodrun / MPI, not the torch.distributed group Ray makes",
+    "xla": "torch_xla's TPU processes are started by torch_xla (xmp.spawn / PJRT), not by Ray Train's TorchTrainer",
+    "bagua": "Bagua needs its own launcher's service port beside the process group",
+    "ddp2": "ddp2 runs several devices in each process, and Ray Train starts one process per worker",
+}
+#: strategies that start their own processes: under Ray its workers are the processes, so they train as "ddp" does
+STARTS_OWN = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_sharded_spawn")
+RAY_INSTALL = 'pip install "easyfit[ray]" (or pip install "ray[train]")'
+
+
+@dataclass(frozen=True)
+class Ray:
+    """Run the call as a Ray Train `TorchTrainer` (launcher="ray" is `Ray()`): devices × num_nodes workers whose
+    process group Ray makes, on the cluster `ray.init` finds (RAY_ADDRESS, `address`) or a local one started for it.
+
+    Args:
+        address: the cluster ("auto", "host:port", "ray://host:10001"); None: RAY_ADDRESS, else a running cluster
+            this process joined, else a new local one.
+        num_workers: workers; None: devices × num_nodes.
+        use_gpu: one GPU per worker; None: as `accelerator` says ("auto": when the cluster has GPUs).
+        resources_per_worker: Ray resources of each worker (default {"CPU": 1}, plus {"GPU": 1} with GPUs).
+        storage_path: where Ray keeps the run (and easyfit its fault-tolerance checkpoint); None: ~/ray_results.
+        runtime_env: Ray's runtime environment of the workers (pip packages, working_dir, env_vars, ...).
+    """
+    address: str | None = None
+    num_workers: int | None = None
+    use_gpu: bool | None = None
+    resources_per_worker: dict | None = None
+    storage_path: str | None = None
+    runtime_env: dict | None = field(default=None, hash=False)
+
+    def __post_init__(self):
+        if self.num_workers is not None and not (type(self.num_workers) is int and self.num_workers > 0):
+            raise ValueError(f"Ray(num_workers=...) must be a positive integer or None, got {self.num_workers!r}")
+        if self.use_gpu not in (None, True, False):
+            raise TypeError(f"Ray(use_gpu=...) must be True, False or None, got {self.use_gpu!r}")
+        for name in ("resources_per_worker", "runtime_env"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise TypeError(f"Ray({name}=...) must be a dict or None, got {type(getattr(self, name)).__name__}")
+
+
+def ray_options(value: Any) -> Ray | None:
+    """The Ray options of a `launcher=` value, or None when easyfit's own choice starts the ranks."""
+    if isinstance(value, Ray):
+        return value
+    return Ray() if isinstance(value, str) and value.lower() == "ray" else None
+
+
+def check_ray_call(method: str, strategy_name: str) -> None:
+    """Refuse, before Ray starts, a call that cannot run as a Ray Train run, saying what to change."""
+    if method not in ("fit", "evaluate", "predict"):
+        raise ValueError(f"launcher='ray' runs fit, evaluate and predict; {method} runs in this process: leave "
+                         "launcher out (or call it inside a fit's callback)")
+    if strategy_name in NOT_ON_RAY:
+        raise ValueError(f"strategy={strategy_name!r} cannot run under launcher='ray': {NOT_ON_RAY[strategy_name]}. "
+                         "Use strategy='ddp', 'fsdp', 'deepspeed', 'tp' or 'pipeline' there, or leave launcher out.")
+    if strategy_name in STARTS_OWN:
+        raise ValueError(f"strategy={strategy_name!r} starts its own processes, but under launcher='ray' Ray's "
+                         "workers are the processes: use strategy='ddp' (or 'auto') there.")
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.train") is None:
+        raise ImportError(f"launcher='ray' needs Ray Train, which is not installed: {RAY_INSTALL}")

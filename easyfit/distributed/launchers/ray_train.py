@@ -1,0 +1,147 @@
+"""`launcher="ray"`: the call runs as a Ray Train `TorchTrainer`, one worker per rank, whose process group Ray
+makes; each worker runs easyfit's rank body (easyfit.distributed.launchers.ray_worker) and rank 0 hands its result
+and state back through a small actor, as a spawned rank 0 does through a file.
+
+Before Ray starts any worker: the cluster is joined (RAY_ADDRESS / `address`, else the running one, else a new local
+one; an address that does not answer is refused within seconds), and the workers asked for are checked against the
+cluster's CPUs and GPUs. The call's inputs go into Ray's object store once; a `ray.data.Dataset` is handed to Ray
+Train, which streams each worker its shard (easyfit.data.ray_dataset)."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any, Callable
+
+from easyfit.distributed.launcher_choice import RAY_INSTALL, Ray
+from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.failures import RankFailedError, root_cause
+from easyfit.distributed.launchers.ray_worker import CONFIG_KEYS, mailbox, run_worker
+
+#: how long an address may take to answer before the call is refused
+ADDRESS_TIMEOUT_SECONDS = 10.0
+
+
+class RayLauncher(Launcher):
+    """Runs a call's ranks as the workers of one Ray Train run; the caller gets rank 0's result.
+
+    `worker_plan(plan, model, options)`: the call's plan made again in a worker, where Ray's worker context is the
+    launch environment (the strategy joins Ray's process group, as under torchrun)."""
+
+    rank_zero_in_caller = False
+
+    def __init__(self, options: Ray, num_workers: int, accelerator: str, max_restarts: int,
+                 worker_plan: Callable):
+        self.options, self.accelerator, self.max_restarts = options, str(accelerator).lower(), max_restarts
+        self.num_workers = options.num_workers or num_workers
+        self.worker_plan = worker_plan
+
+    def launch(self, function: Callable, plan, work, model=None, **inputs) -> Any:
+        ray = import_ray()
+        from ray import cloudpickle
+        from ray.train import FailureConfig, RunConfig, ScalingConfig, WorkerGroupError
+        from ray.train.torch import TorchTrainer
+
+        from easyfit.data.ray_dataset import hand_to_ray
+        join_cluster(ray, self.options)
+        use_gpu = self._use_gpu(ray)
+        resources = worker_resources(self.options.resources_per_worker, use_gpu)
+        check_cluster_fits(self.num_workers, resources, ray.cluster_resources())
+        inputs, datasets, dataset_config = hand_to_ray(inputs, self.num_workers)
+        name = f"easyfit-{plan.method}-{uuid.uuid4().hex[:12]}"
+        payload = ray.put((function, plan, work, model, inputs, self.worker_plan))   # read by every worker
+        box = mailbox(ray)
+        config = dict(zip(CONFIG_KEYS, (payload, box, name, self._fault_tolerance_folder(name))))
+        trainer = TorchTrainer(
+            run_worker, train_loop_config=config, datasets=datasets, dataset_config=dataset_config,
+            scaling_config=ScalingConfig(num_workers=self.num_workers, use_gpu=use_gpu,
+                                         resources_per_worker=resources),
+            run_config=RunConfig(name=name, storage_path=self.options.storage_path,
+                                 failure_config=FailureConfig(max_failures=self.max_restarts),
+                                 worker_runtime_env=self.options.runtime_env))
+        try:
+            try:
+                trainer.fit()
+            except WorkerGroupError as error:
+                raise worker_failure(error, ray.get(box.failures.remote())) from None
+            return cloudpickle.loads(ray.get(box.result.remote()))
+        finally:
+            ray.kill(box)
+
+    def _use_gpu(self, ray) -> bool:
+        if self.options.use_gpu is not None:
+            return self.options.use_gpu
+        if self.accelerator in ("gpu", "cuda"):
+            return True
+        return self.accelerator == "auto" and ray.cluster_resources().get("GPU", 0) > 0
+
+    def _fault_tolerance_folder(self, name: str) -> str | None:
+        """The run's storage path, where a restarted worker group finds easyfit's checkpoint (None: Ray's default
+        folder on this machine; a cloud URI keeps it in the workers' default folder)."""
+        storage = self.options.storage_path or os.path.join(os.path.expanduser("~"), "ray_results")
+        return None if "://" in storage else os.path.join(os.path.abspath(storage), name, "easyfit-fault-tolerance")
+
+
+def import_ray():
+    try:
+        import ray
+        import ray.train
+    except ImportError as error:
+        raise ImportError(f"launcher='ray' needs Ray Train: {RAY_INSTALL}") from error
+    return ray
+
+
+def join_cluster(ray, options: Ray) -> None:
+    """Join the cluster the options or RAY_ADDRESS name (refused at once when it does not answer), the one this
+    process joined already, or start a local one, as `ray.init()` does."""
+    if ray.is_initialized():
+        return
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    if address and address not in ("auto", "local"):
+        check_answers(address)
+    try:
+        ray.init(address=options.address, runtime_env=options.runtime_env)
+    except ConnectionError as error:
+        raise ConnectionError(f"launcher='ray' found no Ray cluster at {address!r} ({error}). Start one "
+                              "(ray start --head), give its address, or leave address and RAY_ADDRESS unset to "
+                              "start a local one for the call.") from None
+
+
+def check_answers(address: str) -> None:
+    """Raise ConnectionError when nothing listens at `address` ("host:port", "ray://host:port")."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=ADDRESS_TIMEOUT_SECONDS).close()
+    except (OSError, ValueError) as error:
+        raise ConnectionError(f"launcher='ray': no Ray cluster answers at {address!r} ({error}); check the "
+                              "address (host:port of the head node, e.g. 10.0.0.1:6379) and that `ray start --head` "
+                              "runs there, or leave address and RAY_ADDRESS unset for a local cluster.") from None
+
+
+def worker_resources(given: dict | None, use_gpu: bool) -> dict:
+    """Each worker's Ray resources: the options' own, else one CPU (and one GPU with GPUs)."""
+    resources = dict(given or {})
+    resources.setdefault("CPU", 1)
+    if use_gpu:
+        resources.setdefault("GPU", 1)
+    return resources
+
+
+def check_cluster_fits(num_workers: int, resources: dict, cluster: dict) -> None:
+    """Refuse more workers than the cluster can place at once (Ray would wait for them forever)."""
+    for name, each in resources.items():
+        needed, available = num_workers * each, cluster.get(name, 0)
+        if needed > available:
+            raise ValueError(f"launcher='ray' needs {num_workers} workers × {each:g} {name} = {needed:g} {name}, but "
+                             f"the Ray cluster has {available:g} {name}: ask for fewer devices / num_nodes (or "
+                             f"Ray(num_workers=..., resources_per_worker=...)), or add nodes to the cluster.")
+
+
+def worker_failure(error: Exception, tracebacks: dict[int, str]) -> RankFailedError:
+    """The failing worker's own error: the traceback easyfit's rank body recorded, else Ray's account of it (a worker
+    that died without raising)."""
+    failures = [RankFailedError(rank, text) for rank, text in sorted(tracebacks.items())]
+    for rank, cause in sorted(getattr(error, "worker_failures", {}).items()):
+        if rank not in tracebacks:
+            failures.append(RankFailedError(rank, str(cause).strip() or type(cause).__name__))
+    return root_cause(failures) or RankFailedError(0, str(error))
