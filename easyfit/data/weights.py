@@ -32,8 +32,6 @@ def weigh_batches(loss_fn: Callable, train, val, sample_weight: Any, class_weigh
                   val_weight: Any, split: bool):
     """(train, val, weighted loss) for a fit with weights. `split`: `val` was held out of the training data by
     validation_split, so it takes the held-out part of `sample_weight`."""
-    if sample_weight is not None and class_weight is not None:
-        raise ValueError("pass sample_weight or class_weight, not both (combine them into one sample_weight)")
     loss = WeightedLoss(loss_fn)
     weights = None
     if class_weight is not None:

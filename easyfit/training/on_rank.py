@@ -21,7 +21,6 @@ from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
-from easyfit.parts.outputs import ModelLoss
 from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
@@ -63,9 +62,7 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     """Train `model` on (x, y) under its strategy; every rank ends with the trained state (hand_back)."""
     strategy, precision = model.strategy, model._precision
     validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
-    if options.validation_split:
-        if validation_data is not None:
-            raise ValueError("pass either validation_data or validation_split, not both")
+    if options.validation_split:   # with validation_data too is refused by the plan
         (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
     loss_fn = weighted_loss = model.loss_fn
     train = call_batches(model, run, x, y, options.batch_size, train=True, shuffle=options.shuffle, seed=options.seed)
@@ -73,9 +70,6 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     if validation_data is not None:
         val = call_batches(model, run, *_as_pair(validation_data), options.validation_batch_size or options.batch_size)
     if options.sample_weight is not None or options.class_weight is not None or val_weight is not None:
-        if isinstance(loss_fn, ModelLoss):
-            raise ValueError("sample and class weights weigh each sample's loss, but loss='model' trains on the one "
-                             "loss the net returns for the batch; weigh inside the net, or pass a loss by name")
         train, val, weighted_loss = weigh_batches(loss_fn, train, val, options.sample_weight,
                                                   options.class_weight, val_weight, bool(options.validation_split))
     train = limit_steps(train, options.steps_per_epoch, "training")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from easyfit.callbacks.base import callback_list
+from easyfit.data.weights import validation_weight
 from easyfit.distributed.connector import connect, strategy_name
 from easyfit.distributed.fault_tolerance import max_restarts_for
 from easyfit.distributed.launcher_choice import check_ray_call, ray_options
@@ -70,8 +71,9 @@ def split_options(kwargs: dict, *option_types) -> list:
             for option_type in option_types]
 
 
-def check_fit_options(options: FitOptions) -> None:
-    """Raise, before any training work, on a fit option that is out of range, saying what is accepted."""
+def check_fit_options(options: FitOptions, loss_fn=None) -> None:
+    """Raise, before any training work, on a fit option that is out of range or that does not fit the Model's
+    loss (`loss_fn`), saying what is accepted."""
     check_positive_int(options.batch_size, "batch_size")
     if not (type(options.epochs) is int and options.epochs == 0):   # 0 trains nothing: an empty History
         check_positive_int(options.epochs, "epochs", "a non-negative integer")
@@ -85,6 +87,20 @@ def check_fit_options(options: FitOptions) -> None:
     lr_multiplier(options.lr_scaling, 1)
     check_fault_tolerance(options)
     check_fit_arguments(options)
+    check_validation_and_weights(options, loss_fn)
+
+
+def check_validation_and_weights(options: FitOptions, loss_fn) -> None:
+    """The validation and weight options, against each other and the loss."""
+    if options.validation_split and options.validation_data is not None:
+        raise ValueError("pass either validation_data or validation_split, not both")
+    if options.sample_weight is not None and options.class_weight is not None:
+        raise ValueError("pass sample_weight or class_weight, not both (combine them into one sample_weight)")
+    weighted = (options.sample_weight is not None or options.class_weight is not None
+                or validation_weight(options.validation_data)[1] is not None)
+    if weighted and isinstance(loss_fn, ModelLoss):
+        raise ValueError("sample and class weights weigh each sample's loss, but loss='model' trains on the one "
+                         "loss the net returns for the batch; weigh inside the net, or pass a loss by name")
 
 
 def check_fault_tolerance(options: FitOptions) -> None:
@@ -134,7 +150,7 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
     """The plan of `model.<method>(...)` with these run options (and fit's `options`, checked and completed here);
     raises on what cannot run."""
     if method == "fit":
-        check_fit_options(options)
+        check_fit_options(options, model.loss_fn)
         options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
     on_ray = ray_options(run.launcher)
     placement = run.placement()

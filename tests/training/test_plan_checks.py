@@ -1,0 +1,50 @@
+"""Checks that need no data run in the call's plan, in the caller, before any process starts: a 2-process fit is
+refused with the plain error, raised from training/plan.py, never from a rank."""
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+from torch import nn
+
+import easyfit
+
+X, Y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+
+
+class LossInForward(nn.Module):
+    """A net that returns its own loss when given the targets (loss="model")."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.linear(x)
+        return logits if labels is None else nn.functional.cross_entropy(logits, labels)
+
+
+def refusal(net, loss, **fit_options) -> tuple[str, list[str]]:
+    """The message of the ValueError a 2-process ddp_spawn fit raises, and the modules its traceback went through."""
+    model = easyfit.Model(net, loss, "sgd")
+    with pytest.raises(ValueError) as error:
+        model.fit(X, Y, batch_size=4, verbose=0, devices=2, accelerator="cpu", strategy="ddp_spawn", **fit_options)
+    modules = [frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.value.__traceback__)]
+    return str(error.value), modules
+
+
+@pytest.mark.parametrize("loss, fit_options, words", [
+    ("cross_entropy", {"validation_split": 0.25, "validation_data": (X, Y)},
+     "either validation_data or validation_split"),
+    ("cross_entropy", {"sample_weight": torch.ones(16), "class_weight": {0: 1.0, 1: 2.0, 2: 1.0}},
+     "pass sample_weight or class_weight, not both"),
+    ("model", {"sample_weight": torch.ones(16)}, "loss='model' trains on the one loss the net returns"),
+    ("model", {"class_weight": {0: 1.0, 1: 2.0, 2: 1.0}}, "loss='model' trains on the one loss the net returns"),
+    ("model", {"validation_data": (X, Y, torch.ones(16))}, "loss='model' trains on the one loss the net returns"),
+])
+def test_a_check_that_needs_no_data_is_made_by_the_plan_before_any_process_starts(loss, fit_options, words):
+    message, modules = refusal(LossInForward(), loss, **fit_options)
+    assert words in message
+    assert any(path.endswith("easyfit/training/plan.py") for path in modules), modules
+    assert not any(path.endswith("easyfit/training/on_rank.py") for path in modules), modules
