@@ -246,8 +246,8 @@ class CompiledSteps:
         device = loop.strategy.root_device
         extra = {}
         if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
-            # the kernels called from C++, not from Python: 7 µs less per call, but its matrix products are slower
-            # (W2's step: 14.5 ms against 12.5), so only where calls cost more than arithmetic
+            # the kernels called from C++, not from Python: less per call, but slower matrix products, so only where
+            # calls cost more than arithmetic (the figures: docs/performance.md, "The whole step as one program")
             extra["cpp_wrapper"] = True
         arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
 
