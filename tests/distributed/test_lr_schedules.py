@@ -3,7 +3,8 @@ one-process schedule's rate times 2, whatever set it (OneCycleLR, CyclicLR, Sequ
 ReduceLROnPlateau, LambdaLR, StepLR, a user's own scheduler, a LearningRateScheduler callback); the optimizer holds
 the schedule's own rate at every batch start and after the fit; no "optimizer.step() has been overridden" warning.
 And a differential drawn over schedules, accumulation, clipping and sample weights: weights and History against
-plain PyTorch on the combined batch (tests/distributed/scripts/lr_space.py).
+plain PyTorch on the combined batch (tests/distributed/scripts/lr_space.py); and under ddp a compiled fit and a
+fit resumed mid-epoch (bit for bit the straight fit).
 
 One launch per strategy runs every fit one after the other. EASYFIT_LR_DRAWS sets the drawn configurations per
 strategy (3 here), EASYFIT_LR_SEED the draw.
@@ -14,6 +15,7 @@ import importlib
 import os
 
 import pytest
+import torch
 from runner import launch_once, result, run_script
 
 SPACE = importlib.import_module("lr_space")   # tests/distributed/scripts, which runner puts on sys.path
@@ -69,3 +71,18 @@ def test_drawn_schedules_accumulation_clipping_and_weights_equal_plain_pytorch(s
     assert len(drawn) == DRAWS
     for config, record in drawn:
         assert_same_fit(record, SPACE.plain(config), config)
+
+
+def test_a_compiled_fit_takes_the_scaled_schedule(launched):
+    """compile=: the compiled optimizer step reads each group's LR from a tensor (a program input), refreshed from
+    the scaled rate before the step."""
+    config, record = launched("ddp")[1][1]["compiled"]
+    assert_same_fit(record, SPACE.plain(config), config)
+
+
+def test_a_mid_epoch_resume_is_bit_exact_and_the_checkpoint_holds_the_schedules_rates(launched):
+    outcome = launched("ddp")[1][1]["resumed"]
+    expected = SPACE.plain({"schedule": "OneCycleLR", **UNDRAWN})
+    assert outcome["lrs"] == pytest.approx([expected["held"][6]], rel=1e-12)   # before the 7th step: unscaled
+    for name, value in outcome["straight"].items():
+        assert torch.equal(outcome["resumed"][name], value), name

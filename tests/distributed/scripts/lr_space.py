@@ -1,12 +1,13 @@
 """LR schedules under LR scaling: the fits the lr_schedules script runs on 2 ranks, and what plain PyTorch does on the
 combined batch with the same schedule, each step at the schedule's rate times the scale (tests/distributed/
 test_lr_schedules.py). Module-level functions only: a spawned rank unpickles the schedulers and callbacks."""
+import os
 import random
 
 import torch
 
 import easyfit
-from easyfit.callbacks import Callback, LearningRateScheduler
+from easyfit.callbacks import Callback, LearningRateScheduler, ModelCheckpoint
 
 SAMPLES, BATCH, EPOCHS, LR = 64, 8, 4, 0.1
 F = torch.optim.lr_scheduler
@@ -91,6 +92,10 @@ SCHEDULES = {"OneCycleLR": (one_cycle, "step"), "CyclicLR": (cyclic, "step"), "S
              "callback": (None, "epoch")}
 
 
+#: the compiled fit's configuration
+COMPILED = {"schedule": "OneCycleLR", "accumulate": 2, "clip": 0.05, "weighted": True}
+
+
 def draw(count: int, seed: int) -> list[dict]:
     """Configurations of the differential: schedule, accumulation, clipping, sample weights."""
     rng = random.Random(seed)
@@ -118,7 +123,7 @@ class StepRates(Callback):
         self.hook = None
 
 
-def fit(config: dict, run: dict) -> dict:
+def fit(config: dict, run: dict, callbacks: tuple = (), resume_from=None) -> dict:
     """One fit of `config` with linear LR scaling under `run` (strategy, devices); what it recorded."""
     x, y, w = data()
     net = new_net()
@@ -126,12 +131,24 @@ def fit(config: dict, run: dict) -> dict:
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
     model = easyfit.Model(net, "cross_entropy", optimizer, scheduler=factory, scheduler_interval=interval)
     rates = StepRates()
-    callbacks = [rates] + ([LearningRateScheduler(by_epoch)] if config["schedule"] == "callback" else [])
+    callbacks = [rates, *callbacks] + ([LearningRateScheduler(by_epoch)] if config["schedule"] == "callback" else [])
     history = model.fit(x, y, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks,
                         sample_weight=w if config["weighted"] else None, lr_scaling="linear",
-                        gradient_accumulation_steps=config["accumulate"], gradient_clip_val=config["clip"], **run)
+                        gradient_accumulation_steps=config["accumulate"], gradient_clip_val=config["clip"],
+                        compile={"backend": "aot_eager"} if config.get("compile") else None,
+                        resume_from=resume_from, **run)
     return {"steps": rates.steps, "held": rates.held, "after": optimizer.param_groups[0]["lr"],
             "loss": history.history["loss"], "weights": {k: v.clone() for k, v in net.state_dict().items()}}
+
+
+def resumed(config: dict, run: dict, folder: str) -> dict:
+    """A fit that writes a checkpoint after its 6th batch (mid-epoch), then a new fit resumed from it: the
+    checkpoint's rates and both fits' weights."""
+    path = os.path.join(folder, "mid-{epoch}-{batch}.pt")
+    straight = fit(config, run, callbacks=(ModelCheckpoint(path, save_freq=6),))
+    written = path.format(epoch=2, batch=2)
+    lrs = [group["lr"] for group in torch.load(written, weights_only=True)["optimizer"]["param_groups"]]
+    return {"straight": straight["weights"], "resumed": fit(config, run, resume_from=written)["weights"], "lrs": lrs}
 
 
 def plain(config: dict, factor: float = 2.0, ranks: int = 2) -> dict:
