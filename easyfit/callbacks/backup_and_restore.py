@@ -4,16 +4,18 @@ from __future__ import annotations
 import os
 
 from easyfit.callbacks.base import Callback
-from easyfit.utils.checks import check_positive_int
+from easyfit.callbacks.save_frequency import SaveFrequency
 
 BACKUP_FILE = "backup.pt"
 
 
 class BackupAndRestore(Callback):
     """Write a full checkpoint to `backup_dir` at the end of every epoch (`save_freq="epoch"`) or every `save_freq`
-    training batches; a fit started with a BackupAndRestore whose folder holds one resumes from it exactly (weights,
-    optimizer, RNG, callbacks' states, history, and mid-epoch the epoch's position, loss and metric states), as
-    `fit(resume_from=...)` does. When the fit ends without an error the backup is deleted (`delete_checkpoint`).
+    training batches (counted across epochs from the last save; a save due inside a gradient_accumulation_steps
+    window waits for the window's end); a fit started with a BackupAndRestore whose folder holds one resumes from it
+    exactly (weights, optimizer, RNG, callbacks' states, history, and mid-epoch the epoch's position, loss and metric
+    states), as `fit(resume_from=...)` does. When the fit ends without an error the backup is deleted
+    (`delete_checkpoint`).
 
     Use a folder of its own for each run. A backup takes precedence over `fit(resume_from=...)`: it is newer.
     """
@@ -22,24 +24,21 @@ class BackupAndRestore(Callback):
     may_stop_training = False
 
     def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch", delete_checkpoint: bool = True):
-        if save_freq != "epoch":
-            check_positive_int(save_freq, "BackupAndRestore: save_freq", "'epoch' or a positive number of batches")
+        self.frequency = SaveFrequency(save_freq, "BackupAndRestore")
         self.backup_dir, self.save_freq, self.delete_checkpoint = os.fspath(backup_dir), save_freq, delete_checkpoint
         self.path = os.path.join(self.backup_dir, BACKUP_FILE)
-        self.batches_since_save = 0
 
     def state_dict(self) -> dict:
-        return {} if self.save_freq == "epoch" else {"batches_since_save": self.batches_since_save}
+        return {} if self.save_freq == "epoch" else {"batches_since_save": self.frequency.since_save}
 
     def load_state_dict(self, state: dict) -> None:
-        self.batches_since_save = state["batches_since_save"]
+        self.frequency.since_save = state["batches_since_save"]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.frequency.epoch_begin(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.save_freq == "epoch":
-            return
-        self.batches_since_save += 1
-        if self.batches_since_save >= self.save_freq:
-            self.batches_since_save = 0
+        if self.frequency.due(self.model, batch):
             self.model.save(self.path)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,9 +1,12 @@
 """The callback interface (Keras' hook names) and the list that dispatches to callbacks."""
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from typing import Any
+
+import torch
 
 HOOKS = (
     "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
@@ -129,6 +132,20 @@ class CallbackList:
             warnings.warn(f"resuming: no callback of this fit takes the saved state of {', '.join(unclaimed)}; "
                           "that state is dropped. Pass the same callbacks (same kind, monitor and filepath) to "
                           "continue them.", RuntimeWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def random_state_kept(strategy):
+    """Inside the block a callback may draw random numbers (run forwards with Dropout, iterate shuffled data); after
+    it torch's CPU and CUDA generators and the strategy's device generator are as before: the random state a
+    checkpoint holds, and the next epoch draws, is the fit's own."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices, device_type="cuda"):
+        device_state = strategy.device_rng_state()
+        try:
+            yield
+        finally:
+            strategy.load_device_rng_state(device_state)
 
 
 def fit_returned(callbacks: list) -> None:

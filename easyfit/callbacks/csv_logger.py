@@ -13,6 +13,8 @@ class CSVLogger(Callback):
     Columns follow the order the keys first appear. A key that appears later (val_* with `validation_freq` > 1)
     adds a column: the file is rewritten with the wider header and earlier rows leave that cell empty.
     With `append`, rows go after those already in the file (use it when resuming). Only global rank 0 writes.
+    A checkpoint holds how many rows the file had: a fit resumed from it with `append` first drops the rows written
+    after it (the epochs it trains again), so the file reads as the uninterrupted run's.
     """
 
     def __init__(self, filename: str | os.PathLike, separator: str = ",", append: bool = False):
@@ -21,6 +23,16 @@ class CSVLogger(Callback):
         self.written_fields: list[str] | None = None
         self.rows: list[dict] = []
         self.file = None
+        self.resumed_rows: int | None = None   # the rows of the file when the checkpoint this fit resumes was written
+
+    def state_dict(self) -> dict:
+        return {} if self.file is None else {"rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resumed_rows = state["rows"]
+
+    def state_key(self) -> str:
+        return f"CSVLogger(filename={self.filename!r})"
 
     def on_train_begin(self, logs=None):
         if not self.model.is_global_zero:
@@ -32,7 +44,11 @@ class CSVLogger(Callback):
                 self.rows = list(reader)
                 self.fields = list(reader.fieldnames or ["epoch"])
                 self.written_fields = list(self.fields)
+        resumed, self.resumed_rows = self.resumed_rows, None
         self.file = open(self.filename, "a" if self.append else "w", newline="")
+        if self.append and resumed is not None and len(self.rows) > resumed:
+            self.rows = self.rows[:resumed]
+            self._rewrite()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.file is None:

@@ -8,7 +8,7 @@ import string
 from easyfit.callbacks.base import Callback
 from easyfit.callbacks.logs import Logs
 from easyfit.callbacks.monitor import Monitor, skips_validation
-from easyfit.utils.checks import check_positive_int
+from easyfit.callbacks.save_frequency import SaveFrequency
 
 
 class ModelCheckpoint(Callback):
@@ -22,7 +22,8 @@ class ModelCheckpoint(Callback):
         monitor: the log key compared when `save_best_only`.
         save_best_only: write only when `monitor` improves on the best value so far.
         mode: "min", "max", or "auto" (max for accuracy-like names, min otherwise).
-        save_freq: "epoch", or an integer: save every that many training batches.
+        save_freq: "epoch", or an integer N: save every N training batches, counted across epochs from the last
+            save; a save due inside a gradient_accumulation_steps window waits for the window's end.
         verbose: 1 prints each save (and each skipped one with `save_best_only`).
         save_weights_only: write the net's state dict instead of a full checkpoint.
         initial_value_threshold: with `save_best_only`, the value to beat before the first save.
@@ -37,21 +38,19 @@ class ModelCheckpoint(Callback):
     def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", save_best_only: bool = False,
                  mode: str = "auto", save_freq: str | int = "epoch", verbose: int = 0,
                  save_weights_only: bool = False, initial_value_threshold: float | None = None):
-        if save_freq != "epoch":
-            check_positive_int(save_freq, "ModelCheckpoint: save_freq", "'epoch' or a positive number of batches")
+        self.frequency = SaveFrequency(save_freq, "ModelCheckpoint")
         self.filepath = os.fspath(filepath)
         self.monitor = Monitor(monitor, mode, owner="ModelCheckpoint")
         self.save_best_only, self.save_freq, self.verbose = save_best_only, save_freq, verbose
         self.save_weights_only = save_weights_only
         self.best = self.monitor.worst if initial_value_threshold is None else float(initial_value_threshold)
-        self.batches_since_save, self.last_batch = 0, -1
         self.epoch = 0
 
     def state_dict(self) -> dict:
-        return {"best": self.best, "batches_since_save": self.batches_since_save}
+        return {"best": self.best, "batches_since_save": self.frequency.since_save}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best, self.batches_since_save = state["best"], state["batches_since_save"]
+        self.best, self.frequency.since_save = state["best"], state["batches_since_save"]
 
     def state_key(self) -> str:
         return f"ModelCheckpoint(filepath={self.filepath!r}, monitor={self.monitor.name!r})"
@@ -67,21 +66,14 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
-        # the batches count by index: with steps_per_execution=N the hook sees every N-th batch (a resumed epoch
-        # starts after the batches its checkpoint had trained)
-        self.last_batch = getattr(getattr(self.model, "position", None), "batches_done", 0) - 1
+        self.frequency.epoch_begin(self.model)
 
     @property
     def needs_every_batch(self) -> bool:
         return self.save_freq != "epoch"
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.save_freq == "epoch":
-            return
-        self.batches_since_save += batch - self.last_batch
-        self.last_batch = batch
-        if self.batches_since_save >= self.save_freq:
-            self.batches_since_save = 0
+        if self.frequency.due(self.model, batch):
             self._save(self.epoch, batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.optim.swa_utils import SWALR, get_ema_multi_avg_fn, get_swa_multi_avg_fn, update_bn
 
-from easyfit.callbacks.base import Callback
+from easyfit.callbacks.base import Callback, random_state_kept
 from easyfit.data.contents import split_batch
 from easyfit.utils.checks import check_non_negative_int, check_positive_int, check_positive_number
 
@@ -103,7 +103,8 @@ class WeightAveraging(Callback):
         if self.num_averaged:   # the net keeps the averages; the training weights stay in this callback's state
             self.training_weights = self._clone_net_state()
             torch._foreach_copy_(self.local, self.averaged)
-            self._finish()
+            with random_state_kept(self.model.strategy):   # the BatchNorm pass's Dropout and shuffling
+                self._finish()
         self.local = self.averaged = self.multi_avg_fn = None
 
     def _finish(self) -> None:

@@ -5,6 +5,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from easyfit.data.batches import batch_count
 from easyfit.parts import metric_state
 
 
@@ -18,11 +19,21 @@ class EpochPosition:
     uninterrupted run. The epoch's loss (summed over every rank, with its sample count) and each rank's metric state
     are put back too: the resumed epoch logs the loss and metrics of an uninterrupted one."""
 
-    def __init__(self, batches_done: int = 0, rng: torch.Tensor | None = None, loss: tuple[float, int] = (0.0, 0)):
+    def __init__(self, batches_done: int = 0, rng: torch.Tensor | None = None, loss: tuple[float, int] = (0.0, 0),
+                 accumulate: int | None = None):
         self.batches_done, self.rng, self.loss = batches_done, rng, loss
         self.resuming = batches_done > 0
         self.tracker = None   # the epoch's LossTracker, read when a checkpoint is written
         self.inexact_metrics: list[str] = []   # restored metrics that count only the batches after the resume
+        self.accumulate = accumulate   # the fit's gradient_accumulation_steps (that of the writer, when loaded)
+        self.num_batches: int | None = None   # the epoch's batches, where known
+
+    @property
+    def whole_windows(self) -> bool:
+        """Whether the batches trained so far end an accumulation window (every gradient is in the weights): a
+        checkpoint written now resumes exactly."""
+        accumulate = self.accumulate or 1
+        return self.batches_done % accumulate == 0 or self.batches_done == self.num_batches
 
     @classmethod
     def from_state(cls, state: dict | None, strategy=None, metrics=None) -> EpochPosition:
@@ -32,7 +43,8 @@ class EpochPosition:
             return cls()
         rank, world_size = (0, 1) if strategy is None else (strategy.global_rank, strategy.world_size)
         # RNG states are CPU byte tensors, wherever the checkpoint was loaded to (map_location)
-        position = cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]) if rank == 0 else (0.0, 0))
+        position = cls(state["batches_done"], state["rng"].cpu(), tuple(state["loss"]) if rank == 0 else (0.0, 0),
+                       state.get("accumulate"))
         if metrics is not None and state.get("metrics") is None:   # written before checkpoints held them
             metrics.reset()
             position.inexact_metrics = list(metrics.names)
@@ -48,7 +60,7 @@ class EpochPosition:
             return None
         total, count = self.tracker.global_totals(strategy) if strategy.world_size > 1 else self.tracker.totals()
         return {"batches_done": self.batches_done, "rng": self.rng, "loss": (float(total), int(count)),
-                "metrics": metric_state.gather(metrics, strategy)}
+                "metrics": metric_state.gather(metrics, strategy), "accumulate": self.accumulate}
 
     def metrics_note(self, epoch: int, word: str) -> str:
         """"; ..." naming the resumed epoch's metrics that count only its batches after the resume (their state could
@@ -62,12 +74,13 @@ class EpochPosition:
     def begin(self, batches: Iterable, tracker, accumulate: int, epoch: int) -> tuple[Iterable, int]:
         """(the batches this epoch still trains, the index of the first); a resumed epoch's tracker gets the loss
         of the batches trained before the checkpoint (its metrics got their state when the checkpoint was loaded)."""
-        self.tracker = tracker
+        self.tracker, written_with, self.accumulate = tracker, self.accumulate, accumulate
+        self.num_batches = batch_count(batches)
         if not self.resuming:
             self.batches_done, self.rng = 0, torch.get_rng_state()
             return batches, 0
         self.resuming = False
-        self._check(batches, accumulate, epoch)
+        self._check(batches, written_with, epoch)
         tracker.folded_sum, tracker.folded_count = float(self.loss[0]), self.loss[1]
         return self._skip(batches), self.batches_done
 
@@ -75,19 +88,21 @@ class EpochPosition:
         """The epoch is complete: a checkpoint written now resumes at the next epoch."""
         self.batches_done, self.tracker = 0, None
 
-    def _check(self, batches: Iterable, accumulate: int, epoch: int) -> None:
+    def _check(self, batches: Iterable, written_with: int | None, epoch: int) -> None:
         where = f"after batch {self.batches_done} of epoch {epoch + 1}"
         if isinstance(getattr(batches, "loader", None), Iterator):
             raise TypeError(f"the checkpoint was written {where}: resuming there means drawing that epoch's batches "
                              "again and skipping those trained, which a one-shot iterator or generator cannot do. "
                              "Pass re-iterable data (a list of batches, a Dataset or a DataLoader), or resume from a "
                              "checkpoint written at the end of an epoch (ModelCheckpoint(save_freq='epoch')).")
-        num_batches = len(batches) if hasattr(batches, "__len__") else None
-        if self.batches_done % accumulate and self.batches_done != num_batches:
+        if not self.whole_windows:
+            writer = f"the run that wrote it had gradient_accumulation_steps={written_with}: resume with that, or " \
+                if written_with else "resume "
             raise ValueError(f"the checkpoint was written {where}, inside a window of gradient_accumulation_steps="
-                             f"{accumulate} batches whose gradients it does not hold, so the run cannot continue "
-                             "exactly. Write mid-epoch checkpoints every multiple of gradient_accumulation_steps "
-                             "batches (ModelCheckpoint(save_freq=...)).")
+                             f"{self.accumulate} batches whose gradients it does not hold, so the run cannot continue "
+                             f"exactly; {writer}from another checkpoint. To start the run over instead, give "
+                             "BackupAndRestore a new backup_dir (or leave out resume_from). ModelCheckpoint and "
+                             "BackupAndRestore write no checkpoint inside a window.")
 
     def _skip(self, batches: Iterable) -> Iterator:
         now = torch.get_rng_state()

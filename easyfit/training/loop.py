@@ -144,7 +144,7 @@ class Loop:
                     break
                 if self.train_batch(step, batch, epoch_run):
                     break
-        if tracker.folded_count == 0 and not tracker.losses:
+        if tracker.folded_count == 0 and not tracker.losses and not first:   # first: a resumed epoch may train none
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()

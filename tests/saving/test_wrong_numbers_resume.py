@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import easyfit
-from easyfit.callbacks import CSVLogger, EarlyStopping, ModelCheckpoint
+from easyfit.callbacks import CSVLogger, EarlyStopping, LambdaCallback, ModelCheckpoint
 
 
 # --- 3. callback states by identity ----------------------------------------------------------
@@ -104,9 +104,15 @@ def test_a_mid_epoch_checkpoint_on_a_one_shot_iterator_is_refused(make_net, clas
     assert "batch 5 of epoch 1" in str(error.value)
 
 
-def test_a_checkpoint_inside_an_accumulation_window_is_refused(make_net, classification, tmp_path):
-    data = data_forms(*classification)["tensors"]
-    fit_with_checkpoints(make_net, data, tmp_path, epochs=1, gradient_accumulation_steps=2)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        fit_with_checkpoints(make_net, data, tmp_path, epochs=1, gradient_accumulation_steps=2,
-                             resume_from=tmp_path / "ck-1-5.pt")
+def test_a_checkpoint_inside_an_accumulation_window_is_refused_saying_how_to_go_on(make_net, classification,
+                                                                                      tmp_path):
+    path = tmp_path / "inside.pt"
+    model = easyfit.Model(make_net(), "cross_entropy", "adam")
+    save = LambdaCallback(on_train_batch_end=lambda batch, logs: batch == 4 and model.save(path))   # model.save
+    model.fit(*classification, epochs=1, batch_size=16, gradient_accumulation_steps=2, verbose=0, callbacks=[save])
+    with pytest.raises(ValueError, match="gradient_accumulation_steps") as error:
+        easyfit.Model(make_net(), "cross_entropy", "adam").fit(*classification, epochs=1, batch_size=16, verbose=0,
+                                                               gradient_accumulation_steps=2, resume_from=path)
+    assert "after batch 5 of epoch 1" in str(error.value)
+    assert "the run that wrote it had gradient_accumulation_steps=2" in str(error.value)
+    assert "give BackupAndRestore a new backup_dir" in str(error.value)

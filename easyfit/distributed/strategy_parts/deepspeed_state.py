@@ -41,6 +41,7 @@ class FullState:
     def optimizer_state(self, optimizer) -> dict:
         """The optimizer state in the plain optimizer's format, full tensors on every rank."""
         from deepspeed.utils import safe_get_full_optimizer_state
+        self._relink()
         flat_state = next(iter(optimizer.state.values()), {})
         entries = {}
         if flat_state:
@@ -102,10 +103,12 @@ class FullState:
         return optimizer_params(optimizer)
 
     def _relink(self) -> None:
-        """Point the parameters' fragment maps at optimizer state entries created after the engine was built."""
-        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:
-            link()
+        """Point the parameters' fragment maps at the optimizer's state entries (stages 1 and 2, bf16): DeepSpeed
+        links them once, after the first param group's first step, when a later group's entries do not exist yet."""
+        zero = self.engine.optimizer
+        if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
+            zero._hp_optimizer_states_linked = False
+            zero._lazy_init_hp_params_optimizer_state()
 
 
 def _is_partitioned(value) -> bool:

@@ -1,0 +1,269 @@
+"""Continuing a run, as a real program: a fit stopped and resumed (from model.save, ModelCheckpoint or BackupAndRestore,
+at an epoch end or mid-epoch) or called twice must end where one uninterrupted fit ends.
+
+Usage: python resume_space.py OUT_DIR CHECKS [--strategies ddp,fsdp,...] [--devices 2] [--draws N] [--seed S]
+CHECKS is a comma-separated list of:
+  last_batch    ModelCheckpoint / BackupAndRestore after the last batch of an epoch, resumed (per strategy)
+  windows       BackupAndRestore / ModelCheckpoint every 2 batches with gradient_accumulation_steps=2, 5 batches an
+                epoch, stopped at global batch 7 and started again (per strategy)
+  swa           SWA over a net with BatchNorm and Dropout: fit 2 epochs, model.save, resume to 4 (per strategy)
+  csv           CSVLogger(append=True) after a stop past an epoch's end that followed the last checkpoint
+  second_fit    fit(epochs=1) then fit(epochs=2, initial_epoch=1), SGD momentum and Adam over two param groups
+                (per strategy)
+  drawn         N configurations drawn with seed S over the strategies, accumulation, clipping, schedulers,
+                optimizers, one fit or two, resuming from model.save or a mid-epoch ModelCheckpoint
+Each check gives pairs (what one uninterrupted fit gave, what the continued run gave) under a name; global rank 0
+(the caller with spawned ranks) writes them to OUT_DIR/result.pt. With --devices 1 each fit runs in this process.
+The functions are imported by the one-process tests too.
+"""
+import argparse
+import os
+import random
+
+import torch
+from torch import nn
+
+import easyfit
+from easyfit.callbacks import SWA, BackupAndRestore, Callback, CSVLogger, ModelCheckpoint
+from easyfit.distributed.environments import launch_identity
+
+BATCH = 5
+
+
+def make_data(devices: int, batches: int, short: int = 0, batch_size: int = BATCH):
+    """`batches` batches an epoch on each of `devices` ranks; the last `short` samples missing."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batches * batch_size * devices - short, 6, generator=generator)
+    return x, (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+def make_net(dropout: float = 0.0, batchnorm: bool = False) -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16) if batchnorm else nn.Identity(), nn.Tanh(),
+                         nn.Dropout(dropout), nn.Linear(16, 3))
+
+
+def make_model(optimizer: str = "sgd", scheduler: str | None = None, **net_options) -> easyfit.Model:
+    """A Model whose optimizer keeps state: SGD with momentum or Adam, over two param groups (another LR each)."""
+    net = make_net(**net_options)
+    groups = [{"params": net[0].parameters()}, {"params": [*net[1].parameters(), *net[4].parameters()], "lr": 0.02}]
+    built = torch.optim.SGD(groups, lr=0.05, momentum=0.9) if optimizer == "sgd" else torch.optim.Adam(groups, lr=0.01)
+    options = {}
+    if scheduler is not None:
+        options = {"scheduler": lambda o: torch.optim.lr_scheduler.StepLR(o, 3, gamma=0.7),
+                   "scheduler_interval": scheduler}
+    return easyfit.Model(net, "cross_entropy", built, **options)
+
+
+def fit(model: easyfit.Model, data, strategy: str, devices: int, **options) -> easyfit.Model:
+    placement = {"devices": devices, "accelerator": "cpu", "strategy": strategy} if devices > 1 else {}
+    model.fit(*data, batch_size=BATCH, seed=3, verbose=0, lr_scaling=None, **placement, **options)
+    return model
+
+
+def weights(model: easyfit.Model) -> dict:
+    return {key: value.detach().clone() for key, value in model.net.state_dict().items()}
+
+
+def outcome(model: easyfit.Model) -> dict:
+    return {"weights": weights(model), "loss": list(model.history.history["loss"])}
+
+
+class StopAt(Callback):
+    """Stops the fit after its `at`-th training batch (counted across epochs, from 1), on every rank."""
+
+    def __init__(self, at: int):
+        self.at, self.count = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        if self.count == self.at:
+            self.model.stop_training = True
+
+
+def fresh(folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def last_batch(strategy: str, devices: int, out: str) -> dict:
+    """4 batches an epoch, a checkpoint every 4: each written after an epoch's last batch, inside the fit."""
+    data, folder = make_data(devices, 4), fresh(os.path.join(out, f"last_batch-{strategy}"))
+    pattern = os.path.join(folder, "ck-{epoch}-{batch}.pt")
+    straight = fit(make_model(dropout=0.2), data, strategy, devices, epochs=3,
+                   callbacks=[ModelCheckpoint(pattern, save_freq=4)])
+    torch.manual_seed(99)
+    resumed = fit(make_model(dropout=0.2), data, strategy, devices, epochs=3,
+                  resume_from=pattern.format(epoch=1, batch=4))
+    backup = os.path.join(folder, "backup")
+    fit(make_model(dropout=0.2), data, strategy, devices, epochs=3,
+        callbacks=[BackupAndRestore(backup, save_freq=4, delete_checkpoint=False), StopAt(6)])
+    torch.manual_seed(99)
+    restarted = fit(make_model(dropout=0.2), data, strategy, devices, epochs=3,
+                    callbacks=[BackupAndRestore(backup, save_freq=4)])
+    return {"ModelCheckpoint": (outcome(straight), outcome(resumed)),
+            "BackupAndRestore": (outcome(straight), outcome(restarted))}
+
+
+def windows(strategy: str, devices: int, out: str) -> dict:
+    """5 batches an epoch (the last one short), gradient_accumulation_steps=2, save_freq=2: the counter runs across
+    epochs, the windows start again at each epoch."""
+    data, folder = make_data(devices, 5, short=devices), fresh(os.path.join(out, f"windows-{strategy}"))
+    options = {"epochs": 3, "gradient_accumulation_steps": 2}
+    straight = fit(make_model(dropout=0.2), data, strategy, devices, **options)
+    backup, pattern = os.path.join(folder, "backup"), os.path.join(folder, "ck-{epoch}-{batch}.pt")
+    fit(make_model(dropout=0.2), data, strategy, devices, **options,
+        callbacks=[BackupAndRestore(backup, save_freq=2, delete_checkpoint=False),
+                   ModelCheckpoint(pattern, save_freq=2), StopAt(7)])
+    torch.manual_seed(99)
+    restarted = fit(make_model(dropout=0.2), data, strategy, devices, **options,
+                    callbacks=[BackupAndRestore(backup, save_freq=2)])
+    batches = [int(name[:-3].split("-")[2]) for name in os.listdir(folder) if name.startswith("ck-")]
+    return {"BackupAndRestore": (outcome(straight), outcome(restarted)),
+            "checkpoints at window ends": ([True] * len(batches), [batch % 2 == 0 or batch == 5 for batch in batches])}
+
+
+def swa(strategy: str, devices: int, out: str) -> dict:
+    """SWA's BatchNorm pass at the end of a fit runs forwards in train mode (Dropout draws): the random state a
+    model.save after the fit holds must be the one the fit left."""
+    data, path = make_data(devices, 4), os.path.join(out, f"swa-{strategy}.pt")
+
+    def averaging():
+        return [SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=2)]
+    straight = fit(make_model(dropout=0.3, batchnorm=True), data, strategy, devices, epochs=4, callbacks=averaging())
+    first = fit(make_model(dropout=0.3, batchnorm=True), data, strategy, devices, epochs=2, callbacks=averaging())
+    first.save(path)
+    torch.manual_seed(99)
+    resumed = fit(make_model(dropout=0.3, batchnorm=True), data, strategy, devices, epochs=4, resume_from=path,
+                  callbacks=averaging())
+    return {"SWA": (outcome(straight), outcome(resumed))}
+
+
+def csv(strategy: str, devices: int, out: str) -> dict:
+    """8 batches an epoch, a checkpoint every 5 (the last before the stop after epoch 3's batch 4), the stop after
+    epoch 3's last batch: its row was written after the checkpoint the resume starts from."""
+    data, folder = make_data(devices, 8), fresh(os.path.join(out, f"csv-{strategy}"))
+    straight_log, log, last = (os.path.join(folder, name) for name in ("straight.csv", "log.csv", "last.pt"))
+    fit(make_model(dropout=0.2), data, strategy, devices, epochs=5, callbacks=[CSVLogger(straight_log)])
+    fit(make_model(dropout=0.2), data, strategy, devices, epochs=5,
+        callbacks=[CSVLogger(log, append=True), ModelCheckpoint(last, save_freq=5), StopAt(24)])
+    fit(make_model(dropout=0.2), data, strategy, devices, epochs=5, resume_from=last,
+        callbacks=[CSVLogger(log, append=True)])
+    return {"CSVLogger": (read_rows(straight_log), read_rows(log))}
+
+
+def read_rows(path: str) -> list[dict]:
+    import csv as csv_module
+    with open(path, newline="") as file:
+        return [{key: float(value) for key, value in row.items()} for row in csv_module.DictReader(file)]
+
+
+def second_fit(strategy: str, devices: int, out: str) -> dict:
+    """Calling fit again continues the first fit: the optimizer state (momentum, Adam's moments) handed back to the
+    user's optimizer after the first and taken up by the second."""
+    data, pairs = make_data(devices, 4), {}
+    for optimizer in ("sgd", "adam"):
+        straight = fit(make_model(optimizer), data, strategy, devices, epochs=2)
+        twice = fit(make_model(optimizer), data, strategy, devices, epochs=1)
+        fit(twice, data, strategy, devices, epochs=2, initial_epoch=1)
+        expected = outcome(straight)
+        expected["loss"] = expected["loss"][1:]   # the second fit's History holds its own epoch
+        pairs[optimizer] = (expected, outcome(twice))
+    return pairs
+
+
+def draw(rng: random.Random, strategies: list[str]) -> dict:
+    """One configuration of the space users live in."""
+    return {"strategy": rng.choice(strategies), "optimizer": rng.choice(["sgd", "adam"]),
+            "scheduler": rng.choice([None, "step", "epoch"]), "accumulate": rng.choice([1, 2, 3]),
+            "clip": rng.choice([None, 0.5]), "dropout": rng.choice([0.0, 0.2]), "batches": rng.choice([4, 5, 7]),
+            "save_freq": rng.choice([1, 2, 3, 6]), "epochs": rng.choice([2, 3]), "two_fits": rng.random() < 0.3,
+            "source": rng.choice(["ModelCheckpoint", "model.save"]), "pick": rng.random()}
+
+
+def drawn(config: dict, devices: int, out: str, index: int) -> dict:
+    """The straight run (one fit, or two: the first to epoch 1) writes a ModelCheckpoint every `save_freq` batches;
+    the resumed run starts from one of them (`pick`), or from a model.save after a fit of 1 epoch."""
+    folder = fresh(os.path.join(out, f"drawn-{index}"))
+    strategy, data = config["strategy"], make_data(devices, config["batches"], short=devices)
+    options = {"gradient_accumulation_steps": config["accumulate"], "gradient_clip_val": config["clip"]}
+
+    def model():
+        return make_model(config["optimizer"], config["scheduler"], dropout=config["dropout"])
+    pattern = os.path.join(folder, "ck-{epoch}-{batch}.pt")
+    checkpoints = [ModelCheckpoint(pattern, save_freq=config["save_freq"])]
+    straight = model()
+    if config["two_fits"]:
+        fit(straight, data, strategy, devices, epochs=1, callbacks=checkpoints, **options)
+        fit(straight, data, strategy, devices, epochs=config["epochs"], initial_epoch=1, callbacks=checkpoints,
+            **options)
+    else:
+        fit(straight, data, strategy, devices, epochs=config["epochs"], callbacks=checkpoints, **options)
+    if config["source"] == "model.save":
+        source = os.path.join(folder, "saved.pt")
+        fit(model(), data, strategy, devices, epochs=1, **options).save(source)
+    else:
+        written = sorted(name for name in os.listdir(folder) if name.startswith("ck-"))
+        source = os.path.join(folder, written[int(config["pick"] * len(written))])
+    torch.manual_seed(99)
+    resumed = fit(model(), data, strategy, devices, epochs=config["epochs"], resume_from=source, **options)
+    pair = outcome(straight), outcome(resumed)
+    for each in pair:   # the last epoch's loss (a second fit's History starts at its own first epoch)
+        each["loss"] = each["loss"][-1:]
+    return {f"drawn {index} {config} from {os.path.basename(source)}": pair}
+
+
+def differences(results: dict) -> list[str]:
+    """What differs in each pair: the weights (bit for bit), the History's loss and a CSV's values (up to rounding)."""
+    found = []
+    for name, (expected, actual) in results.items():
+        if isinstance(expected, dict):
+            changed = [key for key, value in expected["weights"].items() if not torch.equal(actual["weights"][key],
+                                                                                              value)]
+            expected, actual = expected["loss"], actual["loss"]
+            if changed:
+                found.append(f"{name}: the weights differ in {changed}")
+        if isinstance(expected, list) and expected and isinstance(expected[0], dict):
+            expected, actual = [list(row.values()) for row in expected], [list(row.values()) for row in actual]
+        same = len(expected) == len(actual) and all(
+            torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=1e-6,
+                           rtol=0) for a, b in zip(expected, actual))
+        if not same:
+            found.append(f"{name}: {expected} != {actual}")
+    return found
+
+
+CHECKS = {"last_batch": last_batch, "windows": windows, "swa": swa, "csv": csv, "second_fit": second_fit}
+
+
+def run(checks: list[str], strategies: list[str], devices: int, out: str, draws: int = 0, seed: int = 0) -> dict:
+    torch.set_num_threads(1)
+    results = {}
+    for check in checks:
+        if check == "drawn":
+            rng = random.Random(seed)
+            for index in range(draws):
+                results.update(drawn(draw(rng, strategies), devices, out, index))
+            continue
+        for strategy in strategies:
+            for name, pair in CHECKS[check](strategy, devices, out).items():
+                results[f"{check} {strategy} {name}"] = pair
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("checks")
+    parser.add_argument("--strategies", default="ddp")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--draws", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    results = run(args.checks.split(","), args.strategies.split(","), args.devices, args.out, args.draws, args.seed)
+    if launch_identity()[0] == 0:
+        torch.save(results, os.path.join(args.out, "result.pt"))
+
+
+if __name__ == "__main__":
+    main()
