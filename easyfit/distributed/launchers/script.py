@@ -7,7 +7,6 @@ where rank 0 reads them.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ from easyfit.distributed.launchers.failures import (
     root_cause,
     stuck_ranks,
 )
+from easyfit.distributed.launchers.lifetime import die_with_parent
 
 EXCHANGE_DIR_VARIABLE = "EASYFIT_EXCHANGE_DIR"
 WATCH_INTERVAL = 0.1
@@ -55,14 +55,6 @@ def script_command() -> list[str]:
 def exchange_file(directory: str, kind: str, local_rank: int) -> str:
     """Where a re-run rank says it is ready ("ready") or leaves its traceback ("error")."""
     return os.path.join(directory, f"{kind}-{local_rank}")
-
-
-def _die_with_parent() -> None:
-    """In a child: receive SIGTERM when the parent dies, so no rank outlives its launcher (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def host_store(address: str, port: int, world_size: int, timeout: timedelta):
@@ -94,7 +86,7 @@ class ScriptRanks:
                    "RANK": str(strategy.node_rank * strategy.num_processes + local_rank)}
             # started where the script was started (not where it has chdir'ed since), reading no terminal input
             self.children[local_rank] = subprocess.Popen(command, env=env, cwd=START_DIRECTORY,
-                                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         # hosted before any child can look for it: a rank that finds no store yet retries after a back-off (~0.7 s)
         self.store = host_store(environment.main_address, environment.main_port, strategy.world_size,
                                 strategy.timeout) if strategy.node_rank == 0 else None

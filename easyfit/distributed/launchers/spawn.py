@@ -16,12 +16,13 @@ import shutil
 import signal
 import sys
 import traceback
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 from typing import Any, Callable
 
 import torch
 from torch.multiprocessing.spawn import ProcessException
 
+from easyfit.distributed.launchers import fork_server
 from easyfit.distributed.launchers.base import Launcher, variables_set
 from easyfit.distributed.launchers.failures import (
     RankFailedError,
@@ -30,12 +31,14 @@ from easyfit.distributed.launchers.failures import (
     root_cause,
     stuck_ranks,
 )
+from easyfit.distributed.launchers.lifetime import Terminated, cleaned_up_on_sigterm, die_with_parent
 from easyfit.distributed.pickling import check_picklable
 from easyfit.saving.checkpoint import save_file_atomically
+from easyfit.utils.random_state import GlobalRandomState
 
 RESULT_FILE = "result.pt"
-#: what the fork server imports before it forks a rank: easyfit with torch
-PRELOADED = ["easyfit"]
+#: what the fork server imports before it forks a rank: easyfit with torch, and what ends it with its caller
+PRELOADED = ["easyfit", "easyfit.distributed.launchers.fork_server"]
 #: imported by the server too where the caller has them, as each rank would import them again: torch._dynamo (every
 #: torch optimizer imports it, 1.2 s a process) and torchmetrics (the caller's metric objects reach every rank; 3.5 s)
 PRELOADED_IF_CALLER_HAS = ("torch._dynamo", "torchmetrics")
@@ -43,6 +46,8 @@ PRELOADED_IF_CALLER_HAS = ("torch._dynamo", "torchmetrics")
 OUTPUTS = (1, 2)
 WATCH_INTERVAL = 0.1
 TERMINATE_GRACE_SECONDS = 3.0
+#: how long a rank's clean-up may take after SIGTERM before the rank is killed
+RANK_GRACE_SECONDS = 1.0
 
 
 class ProcessLauncher(Launcher):
@@ -56,7 +61,8 @@ class ProcessLauncher(Launcher):
     def launch(self, function: Callable, *args, **kwargs) -> Any:
         if self.start_method == "fork":
             _check_fork_allowed()
-        work = (self.strategy, function, args, kwargs)
+        # every rank starts from the caller's random state, as the caller would go on drawing it
+        work = (self.strategy, function, args, kwargs, GlobalRandomState())
         if self.start_method == "spawn":
             # plain pickling gives each rank its own copy: torch's process pickler would put the net's tensors in
             # memory shared by all ranks, and every rank's optimizer step would then land on the same weights
@@ -67,33 +73,41 @@ class ProcessLauncher(Launcher):
                 raise
         exchange_dir = exchange_directory("spawn")
         try:
-            environment = self.strategy.environment
-            # the ranks' rendezvous; the caller's own environment (and the processes it starts later) keeps none
-            with variables_set({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port)}):
-                start = process_start(self.start_method)
-                caller = CallerSide() if start == "forkserver" else None
-                processes = torch.multiprocessing.start_processes(
-                    _run_rank, args=(work, exchange_dir, caller),
-                    nprocs=self.strategy.num_processes, join=False, start_method=start)
-            try:
-                while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
-                    pass
-            except ProcessException as error:
-                # still running when a peer failed (torch stops them with SIGTERM after a grace period)
-                alive = [rank for rank, process in enumerate(processes.processes)
-                         if process.is_alive() or process.exitcode == -signal.SIGTERM]
-                _stop_processes(processes.processes)
-                failures = [rank_failure(rank, process.exitcode, os.path.join(exchange_dir, str(rank)))
-                            for rank, process in enumerate(processes.processes) if rank not in alive]
-                cause = root_cause([failure for failure in failures if failure is not None])
-                cause = stuck_ranks(cause, alive) or cause
-                raise (cause or RankFailedError(error.error_index, str(error))) from None
-            except BaseException:
-                _stop_processes(processes.processes)
-                raise
-            return read_result(exchange_dir)
+            with cleaned_up_on_sigterm():   # SIGTERM stops the ranks below, then ends this process
+                return self._run(work, exchange_dir)
         finally:
             shutil.rmtree(exchange_dir, ignore_errors=True)
+
+    def _run(self, work: tuple | bytes, exchange_dir: str) -> Any:
+        environment = self.strategy.environment
+        # the ranks' rendezvous; the caller's own environment (and the processes it starts later) keeps none
+        with variables_set({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port)}):
+            start = process_start(self.start_method)
+            caller = CallerSide() if start == "forkserver" else None
+            if start == "forkserver":
+                fork_server.ensure_running()
+            # a rank forked by the fork server is the server's child; any other, this thread's
+            parent = None if start == "forkserver" else os.getpid()
+            processes = torch.multiprocessing.start_processes(
+                _run_rank, args=(work, exchange_dir, caller, parent),
+                nprocs=self.strategy.num_processes, join=False, start_method=start)
+        try:
+            while not processes.join(timeout=WATCH_INTERVAL, grace_period=TERMINATE_GRACE_SECONDS):
+                pass
+        except ProcessException as error:
+            # still running when a peer failed (torch stops them with SIGTERM after a grace period)
+            alive = [rank for rank, process in enumerate(processes.processes)
+                     if process.is_alive() or process.exitcode == -signal.SIGTERM]
+            _stop_processes(processes.processes)
+            failures = [rank_failure(rank, process.exitcode, os.path.join(exchange_dir, str(rank)))
+                        for rank, process in enumerate(processes.processes) if rank not in alive]
+            cause = root_cause([failure for failure in failures if failure is not None])
+            cause = stuck_ranks(cause, alive) or cause
+            raise (cause or RankFailedError(error.error_index, str(error))) from None
+        except BaseException:
+            _stop_processes(processes.processes)
+            raise
+        return read_result(exchange_dir)
 
 
 def _stop_processes(processes) -> None:
@@ -134,14 +148,32 @@ def _take_caller_side(variables: dict, *outputs) -> None:
         os.dup2(duplicate.detach(), fd)
 
 
-def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: None) -> None:
-    """The body of a spawned / forked rank (`caller`, unpickled, has taken the caller's side)."""
+def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: None, parent: int | None) -> None:
+    """The body of a spawned / forked rank (`caller`, unpickled, has taken the caller's side); it ends when its
+    parent (`parent`, or the fork server) ends, and cleans up on SIGTERM (a rank blocked in a collective is killed
+    after RANK_GRACE_SECONDS)."""
+    die_with_parent(parent)
+    if parent is None:
+        _release_fork_server()
+
     def run() -> Any:
-        strategy, function, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
+        strategy, function, args, kwargs, random_state = pickle.loads(work) if isinstance(work, bytes) else work
+        random_state.restore()
         strategy.set_local_rank(local_rank)
         return function(*args, **kwargs)
 
-    run_and_report(local_rank, exchange_dir, run)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a forked rank's copy of the caller's handler
+    with cleaned_up_on_sigterm(grace=RANK_GRACE_SECONDS):
+        run_and_report(local_rank, exchange_dir, run)
+
+
+def _release_fork_server() -> None:
+    """Close this rank's copy of the fork server's "alive" pipe: the server then ends once the caller has ended
+    (every client holds the pipe; the server ends when none does), and this rank with it (die_with_parent)."""
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
 
 
 def run_and_report(rank: int, exchange_dir: str, run: Callable[[], Any]) -> None:
@@ -150,6 +182,8 @@ def run_and_report(rank: int, exchange_dir: str, run: Callable[[], Any]) -> None
         result = run()
         if rank == 0:
             save_file_atomically(os.path.join(exchange_dir, RESULT_FILE), {"result": result})
+    except Terminated:   # stopped from outside: no error of its own to report
+        raise
     except BaseException:
         with open(os.path.join(exchange_dir, str(rank)), "w", encoding="utf-8") as file:
             file.write(traceback.format_exc())

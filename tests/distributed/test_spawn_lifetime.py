@@ -1,0 +1,131 @@
+"""The ranks of ddp_spawn / ddp_fork / ddp_notebook end with a caller that is killed (SIGTERM, as a job scheduler
+ends a job, or SIGKILL): every rank, ddp_spawn's fork server and multiprocessing's resource tracker are gone within
+3 s, ranks blocked in a collective included, and a rank's checkpoint being written is left whole. And the ranks start
+from the caller's random state: a seeded script trains the same weights bit for bit, Dropout included.
+
+One caller per (start method, signal), killed once its ranks train (scripts/spawn_lifetime.py); the SIGKILL callers
+first run the seeded fits."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from runner import SCRIPTS
+
+from easyfit.saving.checkpoint import load_data
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")]
+
+STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+ENDED_WITHIN_SECONDS = 3.0
+START_TIMEOUT_SECONDS = 200
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is `pid` (a fork server, the resource tracker, forked ranks)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _ranks_started(out: Path, caller: subprocess.Popen) -> list[dict]:
+    """What the three ranks wrote when their training began (waits for their files)."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while len(files := sorted(out.glob("rank-*.json"))) < 3:
+        if caller.poll() is not None:
+            pytest.fail(f"the caller ended ({caller.returncode}) before its ranks started:\n"
+                        f"{(out / 'stderr.txt').read_text()[-3000:]}")
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    return [json.loads(file.read_text()) for file in files]
+
+
+def kill_caller(out: Path, strategy: str, signal_number: int) -> dict:
+    """Start the caller, wait for its ranks to train, send it the signal; which of its processes (ranks, their
+    parents, its children) were still there ENDED_WITHIN_SECONDS later."""
+    with open(out / "stderr.txt", "w") as errors:
+        caller = subprocess.Popen([sys.executable, str(SCRIPTS / "spawn_lifetime.py"), str(out), strategy,
+                                   *(["seeded"] if signal_number == signal.SIGKILL else [])],
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=errors, stderr=errors)
+    watched: set[int] = set()
+    try:
+        ranks = _ranks_started(out, caller)
+        watched = ({rank["pid"] for rank in ranks} | {rank["parent"] for rank in ranks} | _children(caller.pid)) \
+            - {caller.pid}
+        os.kill(caller.pid, signal_number)
+        deadline = time.monotonic() + ENDED_WITHIN_SECONDS
+        caller.wait(timeout=ENDED_WITHIN_SECONDS)
+        while any(_alive(pid) for pid in watched) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in watched if _alive(pid)}
+        return {"left": left, "watched": watched, "returncode": caller.returncode}
+    finally:
+        for pid in [caller.pid, *watched]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        caller.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """kill_caller once per (strategy, signal)."""
+    outcomes = {}
+
+    def run(strategy: str, signal_number: int) -> tuple[Path, dict]:
+        if (strategy, signal_number) not in outcomes:
+            out = tmp_path_factory.mktemp(f"{strategy}-{signal_number}")
+            outcomes[strategy, signal_number] = out, kill_caller(out, strategy, signal_number)
+        return outcomes[strategy, signal_number]
+    return run
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_no_process_outlives_a_killed_caller(killed, strategy, signal_number):
+    out, outcome = killed(strategy, signal_number)
+    assert not outcome["left"], f"still running {ENDED_WITHIN_SECONDS} s after the caller's signal: {outcome}"
+    # under SIGTERM the caller stopped its ranks, then ended as SIGTERM ends a process
+    assert outcome["returncode"] == -signal_number, (out / "stderr.txt").read_text()[-3000:]
+    # rank 0, ended by SIGTERM, cleaned up: the checkpoint it was rewriting is whole, its temporary file removed
+    assert load_data(out / "checkpoint.pt")["data"].equal(torch.arange(200_000))
+    assert not list(out.glob(".tmp-*")), "a rank's temporary file was left behind"
+
+
+def _first_draws(seed: int) -> tuple:
+    """What a process seeded with `seed` draws first from Python's `random`, numpy and torch."""
+    return (random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
+            torch.rand(1, generator=torch.Generator().manual_seed(seed)).item())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_ranks_start_from_the_caller_s_random_state(killed, strategy):
+    out, _ = killed(strategy, signal.SIGKILL)
+    first, again, other = torch.load(out / "seeded.pt", weights_only=False)
+    assert first["draws"] == _first_draws(1) and other["draws"] == _first_draws(2)
+    for name, value in first["weights"].items():
+        assert torch.equal(value, again["weights"][name]), f"{name}: the same seed trained other weights"
+    assert any(not torch.equal(value, other["weights"][name]) for name, value in first["weights"].items()), \
+        "seeds 1 and 2 drew the same Dropout masks"
