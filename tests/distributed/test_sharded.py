@@ -35,9 +35,10 @@ DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offloa
 PARAMETER_SHARDING = {"fsdp", "fsdp_cpu_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"}
 #: the launch each family's tests share: its checks, its strategies (ddp: the memory baseline), the sharded formats
 #: and those that also run the mixed-precision checks, beside ddp's (the baseline)
-TORCH_LAUNCH = ("parity,memory,checkpoint", ("ddp", *TORCH_ONLY), "--sharded", "fsdp", "--mixed", "ddp,fsdp,zero")
-DEEPSPEED_LAUNCH = ("parity,memory,checkpoint", ("ddp", *DEEPSPEED), "--sharded", "deepspeed_stage_2,deepspeed_stage_3",
-                    "--mixed", "ddp,deepspeed_stage_2")
+TORCH_LAUNCH = ("parity,memory,checkpoint,schedule", ("ddp", *TORCH_ONLY), "--sharded", "fsdp",
+                "--mixed", "ddp,fsdp,zero")
+DEEPSPEED_LAUNCH = ("parity,memory,checkpoint,schedule", ("ddp", *DEEPSPEED),
+                    "--sharded", "deepspeed_stage_2,deepspeed_stage_3", "--mixed", "ddp,deepspeed_stage_2")
 
 
 def reference(epochs: int, accumulate: int = 1, clip: float | None = None, lr: float = 0.01) -> dict:
@@ -88,6 +89,17 @@ def check_parity(outcome: dict, strategies: list[str]) -> None:
             assert difference <= 1e-5, f"{strategy} ({case}) differs from plain PyTorch by {difference}"
 
 
+def check_schedule(outcome: dict, strategies: list[str]) -> None:
+    """LR scaling on the optimizer the strategy built: each step takes the one-process schedule (a per-step
+    SequentialLR) times 2, the optimizer holds the schedule's own rate, and the fit equals plain PyTorch on the
+    combined batch (accumulation 2, clipping; tests/distributed/scripts/lr_space.py)."""
+    space = importlib.import_module("lr_space")
+    expected = space.plain(space.SHARDED_SCHEDULE)
+    for strategy in strategies:
+        problems = space.differences(outcome[0][strategy]["schedule"], expected)
+        assert not problems, (strategy, problems)
+
+
 def check_checkpoints(outcome: dict, strategies: list[str]) -> None:
     x, _ = make_data()
     for strategy in strategies:
@@ -135,6 +147,7 @@ def test_torch_sharded_strategies_match_plain_pytorch_and_shard(launch):
     _, outcome = launch(*TORCH_LAUNCH)
     check_parity(outcome, TORCH_ONLY)
     check_memory(outcome, TORCH_ONLY)
+    check_schedule(outcome, TORCH_ONLY)
 
 
 def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, tmp_path):
@@ -166,6 +179,7 @@ def test_deepspeed_stages_match_plain_pytorch_and_shard(launch):
     ops = out / "ops"
     check_parity(outcome, DEEPSPEED)
     check_memory(outcome, DEEPSPEED)
+    check_schedule(outcome, DEEPSPEED)
     assert not ops.exists() or not any(ops.iterdir()), f"the fits compiled {sorted(ops.rglob('*.so'))}"
     assert [outcome[rank]["mlflow_imported"] for rank in (0, 1)] == [False, False]
 
@@ -231,8 +245,9 @@ def test_mixed_precision_under_deepspeed_trains_like_ddp(launch):
 
 @NEEDS_FAIRSCALE
 def test_fairscale_sharded_matches_plain_pytorch_shards_and_resumes(tmp_path):
-    outcome = run(tmp_path, "parity,memory,checkpoint", ["ddp", "ddp_sharded"])
+    outcome = run(tmp_path, "parity,memory,checkpoint,schedule", ["ddp", "ddp_sharded"])
     check_parity(outcome, ["ddp_sharded"])
+    check_schedule(outcome, ["ddp_sharded"])
     check_memory(outcome, ["ddp_sharded"])
     check_checkpoints(outcome, ["ddp_sharded"])
 

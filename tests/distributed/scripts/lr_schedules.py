@@ -24,7 +24,7 @@ def main() -> None:
     compiled = resume = None
     if strategy == "ddp":
         compiled = (COMPILED, fit({**COMPILED, "compile": True}, run))   # the LRs are the compiled step's inputs
-        resume = resumed({"schedule": "OneCycleLR", **plain}, run, out)
+        resume = resumed({"schedule": "LambdaLR", **plain}, run, out)
     if int(os.environ.get("RANK", 0)) == 0:
         torch.save({"schedules": schedules, "draws": drawn, "compiled": compiled, "resumed": resume},
                    os.path.join(out, "result.pt"))

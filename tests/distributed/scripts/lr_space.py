@@ -94,6 +94,8 @@ SCHEDULES = {"OneCycleLR": (one_cycle, "step"), "CyclicLR": (cyclic, "step"), "S
 
 #: the compiled fit's configuration
 COMPILED = {"schedule": "OneCycleLR", "accumulate": 2, "clip": 0.05, "weighted": True}
+#: the fit the sharded strategies' launches run (tests/distributed/scripts/sharded.py)
+SHARDED_SCHEDULE = {"schedule": "SequentialLR", "accumulate": 2, "clip": 0.05, "weighted": False}
 
 
 def draw(count: int, seed: int) -> list[dict]:
@@ -193,3 +195,21 @@ def plain(config: dict, factor: float = 2.0, ranks: int = 2) -> dict:
             scheduler.step()
     record["after"], record["weights"] = optimizer.param_groups[0]["lr"], net.state_dict()
     return record
+
+
+def differences(record: dict, expected: dict) -> list[str]:
+    """What a fit's record has other than `expected` (`plain`'s): each step's rate, the optimizer's own rate at each
+    batch start and after the fit (relative 1e-6), History's loss and the weights (1e-5)."""
+    found = []
+    for key, tolerance in (("steps", 1e-6), ("held", 1e-6), ("loss", 1e-5)):
+        if len(record[key]) != len(expected[key]) or any(
+                abs(a - b) > tolerance * max(abs(b), 1.0 if key == "loss" else 0.0)
+                for a, b in zip(record[key], expected[key])):
+            found.append(f"{key}: {record[key]} instead of {expected[key]}")
+    if abs(record["after"] - expected["after"]) > 1e-6 * abs(expected["after"]):
+        found.append(f"after the fit: {record['after']} instead of {expected['after']}")
+    for name, value in expected["weights"].items():
+        difference = (record["weights"][name] - value).abs().max().item()
+        if difference > 1e-5:
+            found.append(f"weight {name}: {difference:.2e} from plain PyTorch")
+    return found

@@ -11,6 +11,8 @@ CHECKS is a comma-separated list of:
               row of the weight moved (every rank must skip the step, as DDP does)
   resume_one  (with --devices 1) resume fsdp's 2-process sharded directory OUT_DIR/fsdp-sharded-epoch4 on one
               process with the same global batch (32), to epoch 8
+  schedule    a per-step SequentialLR under linear LR scaling, with accumulation 2 and clipping: each step's LR,
+              the optimizer's own, the History and the weights (lr_space.py's SHARDED_SCHEDULE)
 --sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
 writing directories with ModelCheckpoint, a resume to 8, 8 straight, and the weights and optimizer state after epoch 4.
 --mixed names strategies that also run the bf16 and overflow checks.
@@ -31,6 +33,7 @@ from easyfit.distributed.strategy_parts.sharding import rank_memory
 from easyfit.parts.precision import cpu_supports_fp16
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lr_space
 from common import make_data, make_net
 
 PARITY_CASES = {"plain": {"epochs": 6},
@@ -165,6 +168,9 @@ def main() -> None:
             found["memory"] = memory(strategy, args.devices)
         if strategy in args.sharded.split(","):
             found["sharded"] = sharded(strategy, args.devices, args.out)
+        if "schedule" in checks:
+            run = {"devices": args.devices, "accelerator": "cpu", "strategy": strategy}
+            found["schedule"] = lr_space.fit(lr_space.SHARDED_SCHEDULE, run)
         if "resume_one" in checks:
             found["resume_one"] = resume_one(args.out)
     results["mlflow_imported"] = "mlflow" in sys.modules   # DeepSpeed's autotuner would import it with deepspeed
