@@ -135,9 +135,13 @@ def test_evaluate_is_exact_and_predict_returns_every_sample_in_order(ddp_run):
         torch.testing.assert_close(predicted, fitted.net(x), atol=1e-6, rtol=0)
 
 
-def test_fsdp_on_ray_equals_plain_pytorch_on_the_combined_batch(cluster, tmp_path):
-    fitted, history = ray_fit(tmp_path, strategy="fsdp")
-    assert_like_plain(history, fitted.net, plain_fit(*make_data(), 2 * BATCH))
+@pytest.mark.parametrize("strategy", ["fsdp", "tp", "deepspeed_stage_2"])
+def test_sharded_strategies_on_ray_equal_plain_pytorch_on_the_combined_batch(cluster, tmp_path, strategy):
+    if strategy.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install easyfit[deepspeed]")
+    fitted, history = ray_fit(tmp_path, strategy=strategy)
+    replicas = 1 if strategy == "tp" else 2   # tensor parallelism: both workers take the same batch
+    assert_like_plain(history, fitted.net, plain_fit(*make_data(), replicas * BATCH))
 
 
 def test_an_exception_on_rank_1_reaches_the_caller_with_its_traceback_within_30_seconds(cluster, tmp_path):
