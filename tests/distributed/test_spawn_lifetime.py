@@ -129,3 +129,12 @@ def test_the_ranks_start_from_the_caller_s_random_state(killed, strategy):
         assert torch.equal(value, again["weights"][name]), f"{name}: the same seed trained other weights"
     assert any(not torch.equal(value, other["weights"][name]) for name, value in first["weights"].items()), \
         "seeds 1 and 2 drew the same Dropout masks"
+
+
+def test_the_fork_server_outlives_the_thread_that_started_it(killed):
+    """It dies with the thread that started it (PR_SET_PDEATHSIG): a fit in a thread that has ended since must not
+    leave the next fit to start a new one, or to find none."""
+    out, _ = killed("ddp_spawn", signal.SIGKILL)
+    servers = {fit["parent"] for fit in torch.load(out / "seeded.pt", weights_only=False)}
+    later = {rank["parent"] for rank in map(json.loads, map(Path.read_text, out.glob("rank-*.json")))}
+    assert len(servers) == 1 and later == servers, (servers, later)

@@ -1,7 +1,8 @@
 """A caller for test_spawn_lifetime.py, to be killed: OUT STRATEGY [seeded] (ddp_spawn / ddp_fork / ddp_notebook).
 
-With "seeded", first three short 2-rank seeded fits of a net with Dropout (seeds 1, 1, 2): each one's trained weights
-and the first numbers rank 0 drew from Python's `random`, numpy and torch go to OUT/seeded.pt. Then a 3-rank fit that
+With "seeded", first three short 2-rank seeded fits of a net with Dropout (seeds 1, 1, 2), in a thread that ends before
+the next fit: each one's trained weights, the first numbers rank 0 drew from Python's `random`, numpy and torch, and
+its parent's pid go to OUT/seeded.pt. Then a 3-rank fit that
 runs until the caller is killed: each rank writes OUT/rank-<pid>.json (its pid and its parent's) as its training
 begins; then rank 0 rewrites OUT/checkpoint.pt atomically again and again, while ranks 1 and 2 wait in a receive
 from each other that never completes (inside gloo, where Python's signal handlers do not run)."""
@@ -9,6 +10,7 @@ import json
 import os
 import random
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from easyfit.saving.checkpoint import save_file_atomically
 class FirstDraws(Callback):
     def on_train_begin(self, logs=None):
         self.draws = (random.random(), float(np.random.rand()), torch.rand(1).item())
+        self.parent = os.getppid()
 
 
 class Running(Callback):
@@ -57,7 +60,7 @@ def seeded_fits(x, y, strategy: str) -> list:
         draws = FirstDraws()
         model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[draws], devices=2, accelerator="cpu",
                   strategy=strategy)
-        results.append({"weights": model.net.state_dict(), "draws": draws.draws})
+        results.append({"weights": model.net.state_dict(), "draws": draws.draws, "parent": draws.parent})
     return results
 
 
@@ -67,6 +70,10 @@ if __name__ == "__main__":
     x = torch.randn(64, 6, generator=generator)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
     if sys.argv[3:] == ["seeded"]:
-        torch.save(seeded_fits(x, y, strategy), out / "seeded.pt")
+        results = []
+        thread = threading.Thread(target=lambda: results.extend(seeded_fits(x, y, strategy)))
+        thread.start()
+        thread.join()
+        torch.save(results, out / "seeded.pt")
     make_model().fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[Running(out)], devices=3, accelerator="cpu",
                      strategy=strategy)
