@@ -30,6 +30,14 @@ from easyfit.training.functional_step import ParameterNames, make_program, own_c
 from easyfit.training.loop import call_net
 from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
 from easyfit.training.shape_family import ShapeFamily
+from easyfit.utils import torch_internals
+from easyfit.utils.torch_internals import (
+    compile_totals,
+    internals_tested,
+    mode_options,
+    notice_untested,
+    untested_reason,
+)
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KEYWORDS = ("backend", "mode", "options", "fullgraph", "dynamic")
@@ -72,17 +80,17 @@ def compile_arguments(settings: dict, extra: dict) -> dict:
     (easyfit.training.onednn_matmul)."""
     arguments = {key: value for key, value in settings.items() if key not in ("mode", "options")}
     options = {}
-    if settings.get("backend", "inductor") == "inductor":
-        from torch._inductor import list_mode_options
-
+    if settings.get("backend", "inductor") == "inductor" and internals_tested():
         from easyfit.training import onednn_matmul
         from easyfit.training.eager_random import EagerMasks
-        options.update({**list_mode_options(settings.get("mode") or "default"), "fallback_random": True,
+        options.update({**mode_options(settings.get("mode")), "fallback_random": True,
                         "post_grad_custom_pre_pass": EagerMasks(), **extra})
         if onednn_matmul.available():
             options["post_grad_custom_post_pass"] = onednn_matmul.OneDnnMatmuls()
     elif settings.get("mode") is not None:
         arguments["mode"] = settings["mode"]
+    elif settings.get("backend", "inductor") == "inductor":   # plain torch.compile, with eager's random numbers
+        options["fallback_random"] = True
     options.update(settings.get("options") or {})
     return {**arguments, "options": options}
 
@@ -225,6 +233,8 @@ class CompiledSteps:
             return None
         value = loop.settings.steps_per_execution
         reason = unfusable_reason(loop.net, loop.optimizer, loop.precision, loop.strategy)
+        if not internals_tested():
+            reason = untested_reason()
         if reason is not None:
             if value not in ("auto", 1):
                 raise ValueError(f"steps_per_execution={value} needs the whole step as one program, but {reason}; "
@@ -263,7 +273,10 @@ class CompiledSteps:
         """The settings of a call's `compile` option in force during the call, under the strategy's compile
         context; `say` (print, say) gets a line on what the call compiled and how long that took."""
         self.settings = compile_settings(value)
-        before = compile_totals() if self.settings is not None and say is not None else None
+        if self.settings is not None and not internals_tested():
+            notice_untested()   # once per process, for `fused`'s reason too
+            self.declined.add(untested_reason())
+        before = compile_totals() if self.settings is not None and say is not None and internals_tested() else None
         try:
             with _compiling(strategy) if self.settings is not None else contextlib.nullcontext():
                 yield
@@ -295,20 +308,13 @@ def _compiling(strategy):
 def logging_left_out():
     """torch.compile's setting under which the methods of every `logging.Logger` (those a library adds too, such as
     `warning_once`) are left out of a traced graph instead of splitting it there."""
-    from torch._dynamo import config  # loads in seconds: only when compiling
-    methods = {value for value in vars(logging.Logger).values()
-               if callable(value) and getattr(value, "__name__", "").split("_")[0] in LOGGING_METHODS}
-    return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | methods)
+    return torch_internals.logging_left_out(
+        {value for value in vars(logging.Logger).values()
+         if callable(value) and getattr(value, "__name__", "").split("_")[0] in LOGGING_METHODS})
 
 
 #: the `logging.Logger` methods (and those whose name starts with one, such as `warning_once`) that log a message
 LOGGING_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
-
-
-def compile_totals() -> tuple[int, float]:
-    """(graphs compiled, seconds spent compiling) in this process so far, as torch.compile counts them."""
-    from torch._dynamo.utils import compilation_time_metrics, counters
-    return counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get("_compile.compile_inner", ()))
 
 
 def check_compile(value: Any, strategy, options=None) -> None:

@@ -14,28 +14,21 @@ keeps calling through torch.compile.
 """
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import torch
+
+from easyfit.utils.torch_internals import FIXED_GLOBALS, GLOBAL_ROOT, GRAPH_INPUT, compiler_for, newest_guards
 
 #: the program's arguments, in order (functional_step.make_program)
 ARGUMENTS = ("net", "loss_fn", "params", "buffers", "grads", "state", "inputs", "targets", "weights", "rates")
 #: the arguments that hold the program's tensors
 TENSOR_ARGUMENTS = ARGUMENTS[2:]
-#: globals of torch's own modules and Python's builtins, as torch.compile's guards name them
-FIXED_GLOBALS = ("G['__import_torch", "G['__builtins_dict", "__import__('torch')")
-GLOBAL_ROOT = re.compile(r"G\['[^']*'\]")
-PLACEHOLDER = re.compile(r"l_(params|buffers|grads|state|inputs|targets|weights|rates)((?:_\d+)*)_")
 
 
 def backend_for(settings: dict) -> Callable:
     """The compiler torch.compile builds from fit's settings (compiling.compile_arguments), as a callable."""
-    options = settings.get("options") or {}
-    backend = settings.get("backend", "inductor")
-    if backend == "inductor":
-        return torch._TorchCompileInductorWrapper(None, options, False)
-    return torch._TorchCompileWrapper(backend, settings.get("mode"), options or None, False)
+    return compiler_for(settings.get("backend", "inductor"), settings.get("mode"), settings.get("options") or {})
 
 
 class DirectProgram:
@@ -59,7 +52,7 @@ class DirectProgram:
         compiled = self.backend(graph_module, example_inputs)
         nodes = list(graph_module.graph.nodes)
         outputs = next(node for node in nodes if node.op == "output").args[0]
-        matches = [PLACEHOLDER.fullmatch(node.name) for node in nodes if node.op == "placeholder"]
+        matches = [GRAPH_INPUT.fullmatch(node.name) for node in nodes if node.op == "placeholder"]
         if all(matches) and _in_step_order(outputs, nodes, self.outputs):
             paths = [(ARGUMENTS.index(match[1]), [int(i) for i in match[2].split("_")[1:]]) for match in matches]
             self.captured = (compiled, paths, [id(tensor) for tensor in example_inputs])
@@ -77,10 +70,9 @@ class DirectProgram:
         if self.captured is not None:   # a graph was compiled: its names must have found the very tensors traced
             graph, paths, example = self.captured
             self.captured = None
-            from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # torch._dynamo loads in seconds
-            entries = _debug_get_cache_entry_list(self.code)
-            if entries and [id(tensor) for tensor in _gather(paths, args)] == example:
-                self.direct.insert(0, (entries[0].guard_manager, graph, paths))
+            guards = newest_guards(self.code)
+            if guards is not None and [id(tensor) for tensor in _gather(paths, args)] == example:
+                self.direct.insert(0, (guards, graph, paths))
         return result
 
 

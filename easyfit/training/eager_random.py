@@ -21,7 +21,8 @@ import operator
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from easyfit.utils.torch_internals import CustomGraphPass, get_hash_for_files
 
 _LIBRARY = torch.library.Library("easyfit", "FRAGMENT")
 _LIBRARY.define("bernoulli_p(Tensor x, float p) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))

@@ -26,6 +26,7 @@ from easyfit.training import functional_step as fs
 from easyfit.training.epoch_logs import BatchLogs
 from easyfit.training.shape_family import ShapeFamily
 from easyfit.utils.checks import check_positive_int
+from easyfit.utils.torch_internals import is_dynamo_error
 
 #: steps per call of "auto" for a small step (see `steps_per_call`)
 AUTO_STEPS = 8
@@ -215,9 +216,7 @@ class FusedTraining:
                                       self._state(), [item[1] for item in items],
                                       [item[2] for item in items], [item[3] for item in items], rates)
         except Exception as error:
-            # loaded by the compiling already
-            from torch._dynamo.exc import TorchDynamoException
-            if not isinstance(error, TorchDynamoException):
+            if not is_dynamo_error(error):
                 raise
             self._restore_schedule(schedule)   # raised while tracing or compiling, before any of the program ran
             raise NotTraced(f"{type(error).__name__}: {str(error).strip().splitlines()[0]}") from error

@@ -15,8 +15,8 @@ import functools
 import time
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from easyfit.utils.torch_internals import CustomGraphPass, get_hash_for_files, unset_fake_temporarily
 
 aten = torch.ops.aten
 #: how much faster oneDNN must be on a shape to take it: a clear win, so that a close call does not flip between runs

@@ -5,7 +5,7 @@ Text, audio and graph models train on batches whose shapes change (sequences pad
 program compiled for the first batch's sizes would have to be compiled again for each new length, or leave the
 batch to run eagerly. Instead, once a batch that is not an epoch's short last batch differs from the first in some
 sizes (the same tensors, ranks, dtypes and devices), those dimensions are freed: the programs from then on are
-compiled with them dynamic (`torch._dynamo.mark_dynamic`), once, for every length. A batch of another layout (more
+compiled with them dynamic (Dynamo's `mark_dynamic`), once, for every length. A batch of another layout (more
 tensors, another rank or dtype) runs eagerly, said once.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ import warnings
 
 import torch
 from torch.utils._pytree import tree_leaves
+
+from easyfit.utils.torch_internals import mark_dynamic
 
 
 def layout(shapes: tuple) -> list[tuple]:
@@ -62,7 +64,7 @@ class ShapeFamily:
         if self.free:
             tensors = tensors_of(*trees)
             for index, dim in self.free:
-                torch._dynamo.mark_dynamic(tensors[index], dim)
+                mark_dynamic(tensors[index], dim)
 
     def _same_layout(self, found: list) -> bool:
         return len(found) == len(self.first) and all(

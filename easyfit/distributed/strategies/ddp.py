@@ -64,8 +64,8 @@ class DDPStrategy(ParallelStrategy):
     def compile_context(self) -> contextlib.AbstractContextManager:
         """dynamo's DDP optimizer: the compiled graph is split at DDP's bucket boundaries, so each bucket's
         gradient all-reduce starts while the backward of the rest still runs."""
-        import torch._dynamo
-        return torch._dynamo.config.patch(optimize_ddp="ddp_optimizer")
+        from easyfit.utils.torch_internals import ddp_optimizer
+        return ddp_optimizer()
 
     def check_call(self, call) -> None:
         self.communication.check_backend(self.process_group_backend or call.process_group_backend
