@@ -48,3 +48,18 @@ def test_a_check_that_needs_no_data_is_made_by_the_plan_before_any_process_start
     assert words in message
     assert any(path.endswith("easyfit/training/plan.py") for path in modules), modules
     assert not any(path.endswith("easyfit/training/on_rank.py") for path in modules), modules
+
+
+@pytest.mark.parametrize("strategy, precision, words, package", [
+    ("deepspeed_stage_2", "64", "DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'",
+     "deepspeed"),
+    ("ddp_sharded_spawn", "16-mixed", "strategy='ddp_sharded_spawn' does not support precision='16-mixed'",
+     "fairscale"),
+])
+def test_a_precision_the_backend_cannot_train_in_is_refused_by_the_plan(strategy, precision, words, package):
+    pytest.importorskip(package, reason=f"{package} is not installed (pip install easyfit[{package}])")
+    model = easyfit.Model(nn.Linear(4, 3), "cross_entropy", "sgd")
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")) as error:
+        model.fit(X, Y, batch_size=4, verbose=0, devices=2, accelerator="cpu", strategy=strategy, precision=precision)
+    modules = [frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.value.__traceback__)]
+    assert any(path.endswith("easyfit/training/plan.py") for path in modules), modules

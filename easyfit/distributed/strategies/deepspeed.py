@@ -135,8 +135,6 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
 
     # --- configuration --------------------------------------------------------------
     def configure_training(self, settings) -> None:
-        if settings.precision == "64":
-            raise ValueError("DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'")
         self.settings = settings
 
     def config(self, num_params: int | None = None) -> dict:
@@ -156,6 +154,8 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         return None if self.fit_state is None else self.fit_state.sizing_note
 
     def check_precision(self, precision: str) -> None:
+        if precision == "64":
+            raise ValueError("DeepSpeed trains in precision '32', '16-mixed' or 'bf16-mixed', not '64'")
         if precision == "16-mixed" and self.accelerator == "cpu" and not cpu_supports_fp16():
             raise ValueError("DeepSpeed cannot train in precision='16-mixed' on this CPU: it has no float16 "
                              "kernels (no AVX512-FP16 / AMX-FP16). Use precision='bf16-mixed' with DeepSpeed, or "

@@ -27,12 +27,13 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
     def __init__(self, *args, start_method: str = "popen", **kwargs):
         super().__init__(*args, start_method=start_method, **kwargs)
         self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"
-        self._precision_name = "32"   # the coming fit's (configure_training)
+
+    def check_precision(self, precision: str) -> None:
+        if precision == "16-mixed":
+            raise ValueError(f"strategy={self.name!r} does not support precision='16-mixed' (its loss scaler must "
+                             "know the sharding); use precision='bf16-mixed' or '32', or strategy='fsdp'")
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        if self._precision_name == "16-mixed":
-            raise ValueError("strategy='ddp_sharded' does not support precision='16-mixed' (its loss scaler must "
-                             "know the sharding); use precision='bf16-mixed' or '32', or strategy='fsdp'")
         oss = require("fairscale.optim.oss", "fairscale", self.name)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale", self.name)
         net.to(self.root_device)
@@ -41,9 +42,6 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
         fit = self.fit_state = FairScaleFit(optimizer=sharded, scheduler=scheduler, wrapped=None)
         fit.wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer))   # once it took over
         return fit.wrapped, sharded, scheduler
-
-    def configure_training(self, settings) -> None:
-        self._precision_name = settings.precision
 
     def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
         self._drop_gradients()
