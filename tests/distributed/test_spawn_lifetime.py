@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 from runner import SCRIPTS
 
+from easyfit.distributed.launchers.lifetime import Terminated, cleaned_up_on_sigterm
 from easyfit.saving.checkpoint import load_data
 
 pytestmark = [pytest.mark.timeout(300),
@@ -141,3 +143,21 @@ def test_the_fork_server_outlives_the_thread_that_started_it(killed):
     servers = {fit["parent"] for fit in torch.load(out / "seeded.pt", weights_only=False)}
     later = {rank["parent"] for rank in map(json.loads, map(Path.read_text, out.glob("rank-*.json")))}
     assert len(servers) == 1 and later == servers, (servers, later)
+
+
+def test_sigterm_inside_a_launch_runs_its_clean_up_then_a_handler_the_script_installed():
+    """A script's own SIGTERM handler still runs, after the launch's clean-up (the default action is checked above,
+    by the callers' exit status)."""
+    received, cleaned = [], []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        with pytest.raises(Terminated):
+            with cleaned_up_on_sigterm():
+                try:
+                    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)   # its handler raises in here
+                    pytest.fail("SIGTERM did not interrupt the block")
+                finally:
+                    cleaned.append(received[:])
+        assert cleaned == [[]] and received == [signal.SIGTERM]   # the clean-up ran first, then the script's handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

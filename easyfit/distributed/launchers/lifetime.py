@@ -35,8 +35,9 @@ def cleaned_up_on_sigterm(grace: float | None = None) -> Iterator[None]:
     """In the main thread: SIGTERM raises `Terminated` inside the block, whose `finally` clauses and `except
     BaseException` handlers then run (an atomic write removes its temporary file); after them the process ends as
     SIGTERM would have ended it, or the handler there was before runs. With `grace`, a process whose main thread
-    does not come back from native code (a collective waiting for a peer) within `grace` seconds of the signal is
-    killed. Elsewhere (another thread, SIGTERM ignored or handled outside Python) the block runs as it is."""
+    does not come back from native code (a collective waiting for a peer) within `grace` seconds of the signal ends
+    by SIGTERM's default action then. Elsewhere (another thread, SIGTERM ignored or handled outside Python) the
+    block runs as it is."""
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
         yield
@@ -47,8 +48,7 @@ def cleaned_up_on_sigterm(grace: float | None = None) -> Iterator[None]:
         raise Terminated
 
     signal.signal(signal.SIGTERM, raise_terminated)
-    if grace is not None:
-        _kill_after_sigterm(grace)
+    wakeup = _end_after_sigterm(grace) if grace is not None else None
     try:
         yield
     except Terminated:
@@ -57,15 +57,17 @@ def cleaned_up_on_sigterm(grace: float | None = None) -> Iterator[None]:
         raise   # the previous handler returned
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if wakeup is not None:
+            signal.set_wakeup_fd(wakeup)
 
 
-def _kill_after_sigterm(grace: float) -> None:
-    """A thread that ends this process by SIGTERM's default action `grace` seconds after it receives SIGTERM. Python
-    runs a signal handler only when its main thread runs Python code; the C level writes each signal's number to the
-    wakeup fd at once."""
+def _end_after_sigterm(grace: float) -> int:
+    """Start a thread that ends this process by SIGTERM's default action `grace` seconds after it receives SIGTERM;
+    the wakeup fd there was. Python runs a signal handler only when its main thread runs Python code; the C level
+    writes each signal's number to the wakeup fd at once."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     os.register_at_fork(after_in_child=_as_before)
 
     def watch() -> None:
@@ -80,6 +82,7 @@ def _kill_after_sigterm(grace: float) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="easyfit-sigterm-grace", daemon=True).start()
+    return previous
 
 
 def _as_before() -> None:
