@@ -6,7 +6,10 @@ once per caller, which imports torch and easyfit once (and torchmetrics, where t
 fork of it, as clean as a spawned interpreter (it never ran the caller's code) without paying those imports again on
 every call (on 2 CPU cores: a 2-rank fit of a small net 2.8 s instead of 10.2, an evaluate 0.5 s instead of 7.9, the
 first call 8.9 s). A rank takes the caller's environment variables and standard output and error as they are at the
-call, not as they were when the server started (`CallerSide`)."""
+call, not as they were when the server started (`CallerSide`), and starts from the caller's random state.
+
+No rank outlives its caller: a rank ends when its parent (the caller's thread, or the fork server) does, the fork
+server when its caller does (Linux: `lifetime`, `fork_server`), and SIGTERM of the caller stops the ranks first."""
 from __future__ import annotations
 
 import multiprocessing
@@ -150,8 +153,8 @@ def _take_caller_side(variables: dict, *outputs) -> None:
 
 def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: None, parent: int | None) -> None:
     """The body of a spawned / forked rank (`caller`, unpickled, has taken the caller's side); it ends when its
-    parent (`parent`, or the fork server) ends, and cleans up on SIGTERM (a rank blocked in a collective is killed
-    after RANK_GRACE_SECONDS)."""
+    parent (`parent`, or the fork server) ends, and cleans up on SIGTERM (a rank blocked in a collective ends
+    RANK_GRACE_SECONDS later)."""
     die_with_parent(parent)
     if parent is None:
         _release_fork_server()
@@ -168,8 +171,9 @@ def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: N
 
 
 def _release_fork_server() -> None:
-    """Close this rank's copy of the fork server's "alive" pipe: the server then ends once the caller has ended
-    (every client holds the pipe; the server ends when none does), and this rank with it (die_with_parent)."""
+    """Close this rank's copy of the fork server's "alive" pipe, which every client holds and the server ends when
+    none does: so a server that does not die with its caller (macOS; one started by other code) ends once the caller
+    has ended, and this rank with it (die_with_parent)."""
     server = forkserver._forkserver
     if getattr(server, "_forkserver_alive_fd", None) is not None:
         os.close(server._forkserver_alive_fd)
