@@ -4,7 +4,8 @@ The path is the chain of easyfit calls on the stack at the first `optimizer.step
 spine call, the calls its caller made into other easyfit modules (the steps it took on the way; helpers of
 `easyfit/utils/` left out). Printed as a numbered list (docs/architecture.md keeps it), then the counts: the main
 modules passed, the calls into a module the path had already left (a doubling back), and the entries into such a
-module by a call or a return alike.
+module by a call or a return alike. Last, the modules the call's plan enters (`plan_call` and every easyfit call
+under it, the helpers of `easyfit/utils/` and property reads left out): the checks made before any process starts.
 
     python scripts/fit_path.py            # the list and the counts
     python scripts/fit_path.py --counts   # the counts alone
@@ -113,6 +114,21 @@ def counts(steps: list[tuple[str, str, bool]]) -> tuple[int, int, int]:
     return len({module for module, _, _ in steps}), doubled, revisits
 
 
+def plan_modules(recorder: Recorder) -> list[str]:
+    """The modules `plan_call` and the easyfit calls under it enter (the utils helpers and property reads left out),
+    sorted."""
+    reads = property_reads()
+    def find(call: Call) -> Call | None:
+        if call.function == "plan_call":
+            return call
+        return next((found for inner in call.calls if (found := find(inner)) is not None), None)
+
+    def modules(call: Call) -> set:
+        return {call.module}.union(*(modules(inner) for inner in call.calls if inner.code not in reads)) - set(LEAVES)
+    plan = find(recorder.root)
+    return sorted(modules(plan)) if plan is not None else []
+
+
 def record() -> Recorder | None:
     recorder = Recorder()
     register_optimizer_step_pre_hook(recorder.stepped)
@@ -136,6 +152,8 @@ def main() -> None:
         print(f"{len(steps) + 1}. `optimizer.step()`")
     modules, doubled, revisits = counts(steps)
     print(f"modules {modules} doubling back {doubled} returns included {revisits}")
+    planned = plan_modules(recorder)
+    print(f"the plan enters {len(planned)} modules: {', '.join(planned)}")
 
 
 if __name__ == "__main__":

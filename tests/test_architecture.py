@@ -157,10 +157,14 @@ def test_the_name_check_finds_a_missing_name(tmp_path):
     assert missing_names("stale", stale) == ["stale: from easyfit.distributed.launchers import child_started"]
 
 
+#: the most modules the plan of a 2-process ddp fit may enter (docs/architecture.md, "The way of a fit")
+PLAN_MODULES = 28
+
+
 def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
     """docs/architecture.md's numbered way from fit to the optimizer step is what scripts/fit_path.py records on rank 0
     of a real 2-process ddp fit, within the bounds the design keeps (at most 12 modules, 10 entries into a module
-    already left, returns to a caller included)."""
+    already left, returns to a caller included; the plan itself at most PLAN_MODULES modules)."""
     root = pathlib.Path(__file__).parents[1]
     done = subprocess.run([sys.executable, str(root / "scripts" / "fit_path.py")], capture_output=True, text=True,
                           timeout=300, cwd=root)
@@ -172,3 +176,5 @@ def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
     counts = re.search(r"modules (\d+) doubling back (\d+) returns included (\d+)", done.stdout).groups()
     modules, doubled, revisits = map(int, counts)
     assert modules <= 12 and doubled <= 10 and revisits <= 10
+    planned = int(re.search(r"the plan enters (\d+) modules", done.stdout)[1])
+    assert planned <= PLAN_MODULES, f"the plan of a ddp fit enters {planned} modules (bound {PLAN_MODULES})"
