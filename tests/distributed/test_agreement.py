@@ -17,7 +17,7 @@ from runner import SCRIPTS, finished, launch_early, make_net
 import easyfit
 from easyfit.distributed.launchers.failures import exchange_directory
 from easyfit.saving.resume import EpochPosition
-from easyfit.training.on_rank import warmup_for
+from easyfit.training.on_rank import step_rates
 from easyfit.training.plan import FitOptions
 
 
@@ -197,5 +197,5 @@ def test_warmup_counts_the_real_optimizer_steps_with_accumulation():
     """8 batches with accumulation 3 make 3 optimizer steps (the last window is short), not 8 // 3 = 2."""
     model = easyfit.Model(make_net(), lr=0.1)
     options = FitOptions(batch_size=16, gradient_accumulation_steps=3, lr_warmup_epochs=1)
-    warmup = warmup_for(options, [None] * 8, model.optimizer, 2.0, 0, EpochPosition())
-    assert warmup.steps == 3
+    rates = step_rates(options, [None] * 8, model.optimizer, 2.0, 0, EpochPosition())
+    assert rates.warmup_steps == 3
