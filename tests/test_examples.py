@@ -135,3 +135,14 @@ def test_ray_cluster_example_fits_on_a_ray_cluster_and_asha_stops_a_bad_trial():
     assert last < first
     assert int(re.search(r"stopped early: (\d+)", output).group(1)) >= 1
     assert re.search(r"best lr (0\.3|0\.1) ", output), output
+
+
+@pytest.mark.timeout(400)
+def test_vision_example_trains_with_validation_plots_and_exports(tmp_path):
+    """Runs in the vision environment (scripts/install_vision.sh), where easyfit is not installed."""
+    pytest.importorskip("torchvision", reason="the vision environment: scripts/install_vision.sh")
+    output = run_example("vision.py", "--out", str(tmp_path), timeout=360,
+                         env={"PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")])})
+    assert printed_accuracy(output) >= 0.9
+    assert "val_accuracy" in output and (tmp_path / "vision_curves.png").stat().st_size > 0
+    assert float(re.search(r"outputs match predict's to ([0-9.e+-]+)", output).group(1)) < 1e-5

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Build, once per machine, the virtual environment the vision tests run in: torchvision and timm on the newest torch
+# this machine's pip offers (torch 2.14.1, torchvision 0.29.1), beside (never inside) the main environment, whose
+# CPU build of torch stays as it is (PyPI's torchvision does not load beside it).
+#
+# PyPI's torch 2.14.1 for Linux x86-64 is the CUDA build: about 5.5 GB with its nvidia-* libraries, which run on
+# the CPU as well. On a machine whose pip has these wheels on its local disk the install reads them there; elsewhere
+# pip downloads them (once: pip's cache keeps them). The environment is built in $EASYFIT_VISION_VENV (default
+# ~/.cache/easyfit/vision-venv-torch<version>-tv<version>-py<XY>-<hash of this script and setup.py>), marked ready
+# only once complete, and reused from then on. Besides torchvision and timm it holds what the core tests need
+# (easyfit's requirements, pytest, torchmetrics, scikit-learn, the export extra); the tests run from the repository
+# (python -m pytest puts it on the path), so easyfit itself is not installed there.
+#
+# Usage: scripts/install_vision.sh                  build if needed
+#        scripts/install_vision.sh --print-python   the environment's interpreter (for: "$(...)" -m pytest tests/vision)
+# Environment: EASYFIT_VISION_VENV (where the environment goes), PYTHON (the interpreter it is made from).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+PYTHON=${PYTHON:-python3}
+
+# easyfit's requirements and the extras it needs, read from setup.py: with this script, what the environment is
+# built from, so a change to either builds a new one
+listed=$("$PYTHON" - <<'PY'
+import ast
+import pathlib
+
+tree = ast.parse(pathlib.Path("setup.py").read_text())
+extras = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and getattr(node.targets[0], "id", None) == "EXTRAS")
+extras = ast.literal_eval(extras)
+install = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.keyword)
+               and node.arg == "install_requires")
+for requirement in [*install, *extras["export"], *extras["safetensors"], *extras["examples"]]:
+    print(requirement)
+PY
+)
+mapfile -t requirements <<< "$listed"
+key=$( (cat scripts/install_vision.sh; printf '%s\n' "${requirements[@]}") | sha256sum | cut -c1-12)
+py_version=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+venv=${EASYFIT_VISION_VENV:-$HOME/.cache/easyfit/vision-venv-torch$TORCH_VERSION-tv$TORCHVISION_VERSION-$py_version-$key}
+ready="$venv/.easyfit-ready-vision-$key"
+
+if [[ "${1:-}" == "--print-python" ]]; then
+    echo "$venv/bin/python"
+    exit 0
+fi
+
+if [[ -f "$ready" && -x "$venv/bin/python" ]]; then
+    echo "install_vision.sh: torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION environment ready at $venv"
+    exit 0
+fi
+
+echo "install_vision.sh: building the torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION environment at $venv"
+start=$SECONDS
+rm -rf "$venv" "$(dirname "$venv")"/vision-venv-*   # an environment built from older files is not used again
+"$PYTHON" -m venv "$venv"
+py="$venv/bin/python"
+# torch and torchvision are pinned in the same command, so that pip resolves no other torch for them
+"$py" -m pip install --quiet --no-compile "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" timm \
+    "${requirements[@]}" "torchmetrics>=1.0" "pytest>=7" "pytest-timeout>=2" "pytest-xdist>=3"
+# a training step of a torchvision and a timm model proves the environment before it is marked ready
+"$py" -c '
+import timm, torch, torchvision
+for net in (torchvision.models.resnet18(weights=None, num_classes=10), timm.create_model("resnet10t", num_classes=10)):
+    net(torch.randn(2, 3, 32, 32)).sum().backward()'
+touch "$ready"
+echo "install_vision.sh: built in $((SECONDS - start)) s"
