@@ -14,6 +14,7 @@ from torch import nn
 
 from easyfit.data.batches import TensorBatches
 from easyfit.data.source import BatchSource, WrappedBatches
+from easyfit.parts.item_counts import refuse_weights
 from easyfit.parts.losses import check_targets
 
 #: reductions after which a loss sums over a sample's elements (else it averages them)
@@ -88,6 +89,7 @@ class WeightedLoss:
         """The loss of a batch weighted by `weights` (a compiled run of several steps passes each batch's)."""
         if not self.checked:
             check_targets(self.loss_fn, output, target)
+            refuse_weights(self.loss_fn, target)
             self.checked = True
         if weights is None:
             return self.loss_fn(output, target)

@@ -233,6 +233,8 @@ class CompiledSteps:
             return None
         value = loop.settings.steps_per_execution
         reason = unfusable_reason(loop.net, loop.optimizer, loop.precision, loop.strategy)
+        if reason is None and loop.items is not None:
+            reason = "the loss averages over counted items (tokens), whose number divides each step"
         if not internals_tested():
             reason = untested_reason()
         if reason is not None:

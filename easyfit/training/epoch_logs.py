@@ -7,7 +7,8 @@ import torch
 
 
 class LossTracker:
-    """Sample-weighted mean loss of an epoch, kept as tensors so the step never waits on `.item()`."""
+    """Sample-weighted mean loss of an epoch, kept as tensors so the step never waits on `.item()`; a batch of a
+    loss over counted items (easyfit.training.item_windows) adds its items' summed loss and their number instead."""
 
     FOLD_EVERY = 1024
 
@@ -18,6 +19,8 @@ class LossTracker:
         self.sizes: list[int] = []
         self.folded_sum: torch.Tensor | float = 0.0
         self.folded_count = 0
+        self.counted: list[tuple] = []   # (loss, scale, items) of each counted batch not folded yet
+        self.folded_items: torch.Tensor | int = 0   # the counted batches' items folded (read when the totals are)
 
     def add(self, loss: torch.Tensor, size: int) -> None:
         self.losses.append(loss)
@@ -25,7 +28,25 @@ class LossTracker:
         if len(self.losses) >= self.fold_every:
             self._fold()
 
+    def add_counted(self, loss: torch.Tensor, scale: torch.Tensor, items: torch.Tensor) -> None:
+        """A counted batch: its items' losses summed over `scale` (its window's D, see item_windows), and how many
+        items it holds; multiplied out and added up when folded."""
+        self.counted.append((loss, scale, items))
+        if len(self.counted) >= self.fold_every:
+            self._fold()
+
+    @property
+    def empty(self) -> bool:
+        """No batch added (nor restored by a resume)."""
+        return self.folded_count == 0 and not self.losses and not self.counted \
+            and not torch.is_tensor(self.folded_items)
+
     def _fold(self) -> None:
+        if self.counted:
+            losses, scales, items = (torch.stack(values).double() for values in zip(*self.counted))
+            self.folded_sum = self.folded_sum + (losses * scales.to(losses.device)).sum()
+            self.folded_items = self.folded_items + items.sum()
+            self.counted = []
         if self.losses:
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.losses[0].device)
             self.folded_sum = self.folded_sum + (torch.stack(self.losses).double() * sizes).sum()
@@ -34,7 +55,8 @@ class LossTracker:
 
     def totals(self) -> tuple[torch.Tensor, int]:
         self._fold()
-        return torch.as_tensor(self.folded_sum, dtype=torch.float64), self.folded_count
+        count = self.folded_count + round(float(self.folded_items))
+        return torch.as_tensor(self.folded_sum, dtype=torch.float64), count
 
     def local_mean(self) -> float:
         total, count = self.totals()

@@ -10,13 +10,15 @@ import torch
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
-from easyfit.data.batches import batch_count, peek_first_batch
+from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
+from easyfit.parts.item_counts import item_counting
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
 from easyfit.parts.precision import Precision
 from easyfit.training.epoch_logs import BatchLogs, LossTracker
+from easyfit.training.item_windows import CountedWindows, ItemSteps, counted_mean
 from easyfit.training.lockstep import in_lockstep
 from easyfit.utils.tensors import on_cpu
 
@@ -58,6 +60,7 @@ class EpochRun:
     forward_loss: Callable
     plain: Callable = None   # step_fn(net, inputs, target) of a batch after the first (see `_runner`)
     has_metrics: bool = False
+    counted: CountedWindows | None = None   # a loss over counted items: the epoch's windows (item_windows)
 
 
 def call_net(net: Callable, inputs: Any):
@@ -90,12 +93,14 @@ class Loop:
         # set when `fit` starts: whole training steps as compiled programs (None: the step's parts are called one by
         # one), else the optimizer step compiled on its own (None: eager)
         self.fused = self.compiled_optimizer_step = None
+        self.items: ItemSteps | None = None   # a loss over counted items: its steps (easyfit.training.item_windows)
 
     # --- training -------------------------------------------------------------------
     def fit(self, train_batches, val_batches, epochs: int, initial_epoch: int = 0,
             validation_freq: int = 1) -> None:
         callbacks, model = self.callbacks, self.model
         self.train_batches = train_batches
+        self.items = self._item_steps(train_batches)
         self.fused = self.steps.fused(self)
         if self.fused is None:
             self.compiled_optimizer_step = self.steps.optimizer_step(self.optimizer, self.precision, self.strategy)
@@ -138,13 +143,16 @@ class Loop:
         step, fused = first - 1, self.fused
         with strategy.uneven_inputs(net) if uneven else SYNC:
             feed = iter(strategy.feed(remaining))
+            if self.items is not None:
+                epoch_run.counted = self.items.epoch(strategy, accumulate, num_batches, across_ranks=not uneven)
+                feed = epoch_run.counted.batches(feed, first)
             for step, batch in enumerate(feed, first):
                 if fused is not None and batches not in self.first_steps and fused.ready(step):
                     step = fused.train(itertools.chain([batch], feed), step, epoch_run)
                     break
                 if self.train_batch(step, batch, epoch_run):
                     break
-        if tracker.folded_count == 0 and not tracker.losses and not first:   # first: a resumed epoch may train none
+        if tracker.empty and not first:   # first: a resumed epoch may train none
             raise ValueError("the training data yielded no batches; pass at least one sample")
         if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
             self._optimizer_step()
@@ -162,9 +170,14 @@ class Loop:
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                 strategy.zero_grad(optimizer)
             first_step = self.first_steps.get(batches)
-            step_fn = epoch_run.plain if first_step is None else \
-                _runner(epoch_run.forward_loss, self.loss_fn, first_step)
-            output, target, loss = strategy.training_step(net, inputs, target, step_fn, precision, epoch_run.divisor)
+            items = None if epoch_run.counted is None else epoch_run.counted.next_count()
+            if items is not None:   # a counted batch: its items' losses summed, over the step's D
+                step_fn, divisor = self.items.runner(epoch_run.forward_loss, first_step, True), 1
+            else:
+                step_fn = epoch_run.plain if first_step is None else \
+                    _runner(epoch_run.forward_loss, self.loss_fn, first_step)
+                divisor = epoch_run.divisor
+            output, target, loss = strategy.training_step(net, inputs, target, step_fn, precision, divisor)
             if first_step is not None:   # the checks of the first batch ran in its real step
                 del self.first_steps[batches]
         if boundary:
@@ -174,12 +187,27 @@ class Loop:
         self.model.position.batches_done = step + 1
         loss = loss.detach()
         size = batch_length(target if target is not None else inputs)
-        epoch_run.tracker.add(loss, size)
+        if items is None:
+            epoch_run.tracker.add(loss, size)
+        else:
+            epoch_run.tracker.add_counted(loss, items[1], items[0])
+            loss = counted_mean(loss, *items) if epoch_run.batch_end else loss
         if epoch_run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
             self.metrics.update(output, target)
         if epoch_run.batch_end:
             callbacks.call("on_train_batch_end", step, BatchLogs(epoch_run.tracker, loss, size))
         return self._agreed_to_stop() if epoch_run.agree_per_step else self.model.stop_training
+
+    def _item_steps(self, batches) -> ItemSteps | None:
+        """The steps of a loss over counted items (easyfit.training.item_windows); None where the loss is a per-batch
+        mean, or the targets of in-memory data (under compile=, of the first batch) are not counted."""
+        counting = item_counting(self.loss_fn, self.net) if self.strategy.counts_items else None
+        if counting is None:
+            return None
+        target = _known_target(batches)
+        if target is None and self.steps.settings is not None:   # whether whole-step programs may run
+            target = split_batch(peek_first_batch(batches) or ((),))[1]
+        return None if target is not None and not counting.applies(target) else ItemSteps.cached(self, counting)
 
     def _loss_tracker(self) -> LossTracker:
         return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY, self.metrics)
@@ -262,6 +290,7 @@ class Loop:
         metrics.reset()
         tracker = self._loss_tracker()
         first_step, plain = self.first_steps.get(batches), _runner(forward_loss, self.loss_fn, None)
+        items = self.items or self._item_steps(batches)
         callbacks.call("on_test_begin", None)   # before the module is made: a callback may swap the weights (EMA)
         net = self.strategy.module_for_eval(self.net)
         with _eval_mode(net):
@@ -273,13 +302,21 @@ class Loop:
                 if batch_begin:
                     callbacks.call("on_test_batch_begin", step, None)
                 inputs, target = split_batch(precision.convert_input(batch))
-                step_fn = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
+                count = None if items is None else items.count(target)
+                if count is not None:   # a counted batch: its items' losses summed
+                    step_fn = items.runner(forward_loss, first_step, False)
+                else:
+                    step_fn = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
                 output, target, loss = self.strategy.evaluation_step(net, inputs, target, step_fn, precision)
                 if first_step is not None:   # the checks of the first batch ran in its real step
                     first_step = None
                     del self.first_steps[batches]
                 size = batch_length(target)
-                tracker.add(loss.detach(), size)
+                if count is None:
+                    tracker.add(loss.detach(), size)
+                else:
+                    tracker.add_counted(loss.detach(), items.one, count)
+                    loss = counted_mean(loss, count, items.one) if batch_end else loss
                 if metrics and output is not None:
                     metrics.update(output, target)
                 if batch_end:
@@ -317,6 +354,14 @@ class Loop:
                 callbacks.call("on_predict_batch_end", step, {"outputs": output})
             callbacks.call("on_predict_end", None)
         return outputs
+
+
+def _known_target(batches):
+    """The targets of in-memory data; None where they are known only as the batches are read."""
+    data = batch_source(batches)
+    if not isinstance(data, TensorBatches) or data.inputs_only or len(data.tensors) < 2:
+        return None
+    return data.tensors[-2 if data.weighted else -1]
 
 
 def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:

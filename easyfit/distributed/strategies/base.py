@@ -74,6 +74,9 @@ class Strategy:
     #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
     #: compile a graph for each number read
     sums_losses_per_step = False
+    #: a loss over counted items (tokens) trains each step on the mean over the step's items across micro-batches
+    #: and ranks (easyfit.training.item_windows); False where the backend combines its micro-batches' losses itself
+    counts_items = True
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line

@@ -125,6 +125,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         return f"stages={self.stages}" if self.stages else "one stage per process"
 
     forward_takes_targets = False   # each stage's forward takes the previous stage's output alone
+    counts_items = False   # the engine weights its micro-batches' losses by their samples
 
     def check_net(self, net: nn.Module) -> None:
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
