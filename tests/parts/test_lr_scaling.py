@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import math
+import pickle
+import warnings
 
 import pytest
 import torch
 
 import easyfit
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier
+from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
 
 
 def _optimizer(*lrs: float) -> torch.optim.Optimizer:
@@ -156,3 +158,21 @@ def test_a_checkpoint_holds_the_schedules_own_lrs(tmp_path):
     state["optimizer"]["param_groups"][0]["lr"] = 0.1   # as an older easyfit saved it
     fresh.restore(state)
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("tracked", [False, True])
+def test_a_scheduler_over_an_unpickled_optimizer_sees_it_step_again(tracked):
+    """A spawned rank unpickles the optimizer without the wrapper torch's LRScheduler put on its `step`, and torch
+    then warns that "optimizer.step() has been overridden" at the first scheduler step; fit puts the wrapper back
+    (tracked=False shows the warning the fix removes)."""
+    optimizer = _optimizer(0.1)
+    scheduler = pickle.loads(pickle.dumps(torch.optim.lr_scheduler.StepLR(optimizer, 1)))
+    if tracked:
+        track_optimizer_steps(scheduler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scheduler.optimizer.step()
+        scheduler.step()
+    overridden = [w for w in caught if "overridden" in str(w.message)]
+    assert bool(overridden) != tracked
+    assert scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
