@@ -1,10 +1,10 @@
 """LR scaling holds for any schedule: on 2 ranks with lr_scaling="linear" (factor 2) each optimizer step takes the
 one-process schedule's rate times 2, whatever set it (OneCycleLR, CyclicLR, SequentialLR, ChainedScheduler,
-ReduceLROnPlateau, LambdaLR, StepLR, a user's own scheduler, a LearningRateScheduler callback); the optimizer holds
-the schedule's own rate at every batch start and after the fit; no "optimizer.step() has been overridden" warning.
-And a differential drawn over schedules, accumulation, clipping and sample weights: weights and History against
-plain PyTorch on the combined batch (tests/distributed/scripts/lr_space.py); and under ddp a compiled fit and a
-fit resumed mid-epoch (bit for bit the straight fit).
+ReduceLROnPlateau, LambdaLR, StepLR, a user's own scheduler, the LearningRateScheduler and ReduceLROnPlateau
+callbacks); the optimizer holds the schedule's own rate at every batch start and after the fit; no "optimizer.step()
+has been overridden" warning. And a differential drawn over schedules, accumulation, clipping and sample weights:
+weights and History against plain PyTorch on the combined batch (tests/distributed/scripts/lr_space.py); and under
+ddp a compiled fit and a fit resumed mid-epoch (bit for bit the straight fit).
 
 One launch per strategy runs every fit one after the other. EASYFIT_LR_DRAWS sets the drawn configurations per
 strategy (3 here), EASYFIT_LR_SEED the draw.

@@ -7,7 +7,7 @@ import random
 import torch
 
 import easyfit
-from easyfit.callbacks import Callback, LearningRateScheduler, ModelCheckpoint
+from easyfit.callbacks import Callback, LearningRateScheduler, ModelCheckpoint, ReduceLROnPlateau
 
 SAMPLES, BATCH, EPOCHS, LR = 64, 8, 4, 0.1
 F = torch.optim.lr_scheduler
@@ -85,11 +85,20 @@ def by_epoch(epoch: int) -> float:
     return LR / (epoch + 1)
 
 
-#: name -> (scheduler factory, interval); "callback": the rate set by a LearningRateScheduler callback
+#: name -> (scheduler factory, interval); "callback": the rate set by easyfit's LearningRateScheduler callback,
+#: "plateau callback": by its ReduceLROnPlateau callback (which reduces as `plateau` does)
 SCHEDULES = {"OneCycleLR": (one_cycle, "step"), "CyclicLR": (cyclic, "step"), "SequentialLR": (sequential, "step"),
              "ChainedScheduler": (chained, "step"), "ReduceLROnPlateau": (plateau, "epoch"),
              "LambdaLR": (lambda_lr, "step"), "StepLR": (step_lr, "epoch"), "user": (halving, "step"),
-             "callback": (None, "epoch")}
+             "callback": (None, "epoch"), "plateau callback": (None, "epoch")}
+
+
+def schedule_callbacks(name: str | None) -> list:
+    if name == "callback":
+        return [LearningRateScheduler(by_epoch)]
+    if name == "plateau callback":
+        return [ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, mode="max", min_lr=0.03)]
+    return []
 
 
 #: the compiled fit's configuration
@@ -133,7 +142,7 @@ def fit(config: dict, run: dict, callbacks: tuple = (), resume_from=None) -> dic
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
     model = easyfit.Model(net, "cross_entropy", optimizer, scheduler=factory, scheduler_interval=interval)
     rates = StepRates()
-    callbacks = [rates, *callbacks] + ([LearningRateScheduler(by_epoch)] if config["schedule"] == "callback" else [])
+    callbacks = [rates, *callbacks, *schedule_callbacks(config["schedule"])]
     history = model.fit(x, y, epochs=EPOCHS, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks,
                         sample_weight=w if config["weighted"] else None, lr_scaling="linear",
                         gradient_accumulation_steps=config["accumulate"], gradient_clip_val=config["clip"],
@@ -160,6 +169,7 @@ def plain(config: dict, factor: float = 2.0, ranks: int = 2) -> dict:
     net = new_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
     factory, interval = SCHEDULES[config["schedule"]] if config["schedule"] else (None, "epoch")
+    factory = plateau if config["schedule"] == "plateau callback" else factory
     scheduler = factory(optimizer) if factory is not None else None
     combined, accumulate = BATCH * ranks, config["accumulate"]
     record = {"steps": [], "held": [], "loss": []}
