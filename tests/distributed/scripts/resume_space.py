@@ -1,8 +1,8 @@
 """Continuing a run, as a real program: a fit stopped and resumed (from model.save, ModelCheckpoint or BackupAndRestore,
 at an epoch end or mid-epoch) or called twice must end where one uninterrupted fit ends.
 
-Usage: python resume_space.py OUT_DIR CHECKS [--strategies ddp,fsdp,...] [--devices 2] [--draws N] [--seed S]
-CHECKS is a comma-separated list of:
+Usage: python resume_space.py OUT_DIR CHECK[,CHECK...]=STRATEGY[,STRATEGY...] ... [--devices 2] [--draws N] [--seed S]
+each CHECK runs under each STRATEGY named with it:
   last_batch    ModelCheckpoint / BackupAndRestore after the last batch of an epoch, resumed (per strategy)
   windows       BackupAndRestore / ModelCheckpoint every 2 batches with gradient_accumulation_steps=2, 5 batches an
                 epoch, stopped at global batch 7 and started again (per strategy)
@@ -236,10 +236,11 @@ def differences(results: dict) -> list[str]:
 CHECKS = {"last_batch": last_batch, "windows": windows, "swa": swa, "csv": csv, "second_fit": second_fit}
 
 
-def run(checks: list[str], strategies: list[str], devices: int, out: str, draws: int = 0, seed: int = 0) -> dict:
+def run(plan: dict, devices: int, out: str, draws: int = 0, seed: int = 0) -> dict:
+    """{check: its strategies} -> {name: (straight, continued)}; "drawn" draws `draws` configurations over its own."""
     torch.set_num_threads(1)
     results = {}
-    for check in checks:
+    for check, strategies in plan.items():
         if check == "drawn":
             rng = random.Random(seed)
             for index in range(draws):
@@ -254,13 +255,17 @@ def run(checks: list[str], strategies: list[str], devices: int, out: str, draws:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("checks")
-    parser.add_argument("--strategies", default="ddp")
+    parser.add_argument("plan", nargs="+", help="CHECK[,CHECK...]=STRATEGY[,STRATEGY...]")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--draws", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    results = run(args.checks.split(","), args.strategies.split(","), args.devices, args.out, args.draws, args.seed)
+    plan = {}
+    for item in args.plan:
+        checks, strategies = item.split("=")
+        for check in checks.split(","):
+            plan.setdefault(check, []).extend(strategies.split(","))
+    results = run(plan, args.devices, args.out, args.draws, args.seed)
     if launch_identity()[0] == 0:
         torch.save(results, os.path.join(args.out, "result.pt"))
 

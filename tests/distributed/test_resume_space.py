@@ -1,0 +1,96 @@
+"""Continuing a run on 2 CPU processes: a checkpoint after an epoch's last batch, a save_freq with accumulation
+windows, SWA's BatchNorm pass, CSVLogger's rows, a second fit under every strategy (the sharded ones hand their
+optimizer state back and take it up again), and a drawn resume differential over the strategies
+(tests/distributed/scripts/resume_space.py). Each continued run must equal one uninterrupted fit: the weights bit for
+bit, the History's loss and CSV's values up to rounding.
+
+One launch under the script launcher runs every check of ddp and the sharded strategies; one caller runs ddp_spawn's
+(each of its fits spawns its ranks): starting processes is what costs time here."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from runner import launch_once, run_script  # puts tests/distributed/scripts on the path
+
+# isort: split
+from resume_space import differences
+
+pytestmark = pytest.mark.timeout(600)
+
+HAS = {name: importlib.util.find_spec(name) is not None for name in ("deepspeed", "fairscale")}
+NEEDS = {"ddp_sharded": "fairscale", **{f"deepspeed_stage_{stage}": "deepspeed" for stage in (1, 2, 3)}}
+SHARDED = ["fsdp", "zero", "ddp_sharded", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+ISSUE_CHECKS = "last_batch,windows,swa,csv"
+#: under ddp_spawn the caller's model.save after a fit holds the caller's random state, not the ranks' (the fork
+#: server's issue), so SWA's check, which saves after the fit, runs under ddp only
+SPAWN_CHECKS = "last_batch,windows,csv"
+DRAWS, SEED = 4, 53
+
+
+def installed(strategies: list[str]) -> list[str]:
+    return [name for name in strategies if HAS.get(NEEDS.get(name), True)]
+
+
+def plan(launcher: str) -> list[str]:
+    """The launch's CHECK=STRATEGY arguments: every check under ddp (or ddp_spawn), a second fit under every sharded
+    strategy, a checkpoint after an epoch's last batch under FairScale's and DeepSpeed's, and the drawn differential."""
+    if launcher == "ddp_spawn":
+        return [f"{SPAWN_CHECKS}=ddp_spawn"]
+    sharded = installed(SHARDED)
+    return [f"{ISSUE_CHECKS}=ddp", f"second_fit={','.join(['ddp', *sharded])}",
+            f"last_batch={','.join(installed(['ddp_sharded', 'deepspeed_stage_2']) or ['zero'])}",
+            f"drawn={','.join(['ddp', *installed(['fsdp', 'zero', 'ddp_sharded', 'deepspeed_stage_2'])])}"]
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """launch(launcher) -> {name: (straight, continued)}, run once for the module."""
+    def run(out, launcher: str) -> dict:
+        process = run_script(out, *plan(launcher), "--draws", str(DRAWS if launcher == "ddp" else 0), "--seed",
+                             str(SEED), script="resume_space.py", timeout=540)
+        assert process.returncode == 0, process.stderr[-6000:]
+        return torch.load(out / "result.pt", weights_only=False)
+    return lambda launcher: launch_once(tmp_path_factory, run)(launcher)[1]
+
+
+def check(results: dict, prefix: str, count: int | None = None) -> None:
+    chosen = {name: pair for name, pair in results.items() if name.startswith(prefix)}
+    assert chosen and (count is None or len(chosen) == count), sorted(results)
+    assert differences(chosen) == []
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "ddp_spawn"])
+def test_a_checkpoint_after_an_epochs_last_batch_resumes_on_every_rank(launch, launcher):
+    check(launch(launcher), f"last_batch {launcher} ")
+
+
+def test_the_sharded_strategies_resume_a_checkpoint_after_an_epochs_last_batch(launch):
+    for strategy in installed(["ddp_sharded", "deepspeed_stage_2"]):
+        check(launch("ddp"), f"last_batch {strategy} ", count=2)
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "ddp_spawn"])
+def test_save_freq_with_accumulation_writes_whole_windows_and_the_restart_resumes(launch, launcher):
+    check(launch(launcher), f"windows {launcher} ", count=2)
+
+
+def test_swa_s_batchnorm_pass_leaves_the_random_state_as_it_found_it(launch):
+    check(launch("ddp"), "swa ddp ", count=1)
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "ddp_spawn"])
+def test_csv_logger_s_rows_after_a_resume_are_the_uninterrupted_runs(launch, launcher):
+    check(launch(launcher), f"csv {launcher} ", count=1)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", *SHARDED])
+def test_a_second_fit_continues_the_first_with_momentum_and_adam_over_two_param_groups(launch, strategy):
+    if not HAS.get(NEEDS.get(strategy), True):
+        pytest.skip(f"pip install easyfit[{NEEDS[strategy]}]")
+    check(launch("ddp"), f"second_fit {strategy} ", count=2)
+
+
+def test_a_drawn_resume_differential_over_the_strategies(launch):
+    check(launch("ddp"), "drawn ", count=DRAWS)
