@@ -69,28 +69,32 @@ def _ranks_started(out: Path, caller: subprocess.Popen) -> list[dict]:
 
 
 def kill_caller(out: Path, strategy: str, signal_number: int) -> dict:
-    """Start the caller, wait for its ranks to train, send it the signal; which of its processes (ranks, their
-    parents, its children) were still there ENDED_WITHIN_SECONDS later."""
+    """Start the caller, wait for its ranks to train, send it the signal; which of its processes (itself, the ranks,
+    their parents, its children) were still there ENDED_WITHIN_SECONDS later, and when each other one had gone."""
     with open(out / "stderr.txt", "w") as errors:
         caller = subprocess.Popen([sys.executable, str(SCRIPTS / "spawn_lifetime.py"), str(out), strategy,
                                    *(["seeded"] if (strategy, signal_number) in SEEDED_RUNS else [])],
                                   env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=errors, stderr=errors)
-    watched: set[int] = set()
+    watched: dict[int, str] = {}
     try:
         ranks = _ranks_started(out, caller)
-        watched = ({rank["pid"] for rank in ranks} | {rank["parent"] for rank in ranks} | _children(caller.pid)) \
-            - {caller.pid}
+        watched = {**{pid: "child of the caller" for pid in _children(caller.pid)},
+                   **{rank["parent"]: "parent of a rank" for rank in ranks},
+                   **{rank["pid"]: "rank" for rank in ranks}, caller.pid: "caller"}
         os.kill(caller.pid, signal_number)
-        deadline = time.monotonic() + ENDED_WITHIN_SECONDS
-        caller.wait(timeout=ENDED_WITHIN_SECONDS)
-        while any(_alive(pid) for pid in watched) and time.monotonic() < deadline:
+        start, gone = time.monotonic(), {}
+        while len(gone) < len(watched) and time.monotonic() < start + ENDED_WITHIN_SECONDS:
+            gone.update({pid: round(time.monotonic() - start, 2) for pid in watched if pid not in gone
+                         and not _alive(pid)})
             time.sleep(0.02)
-        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in watched if _alive(pid)}
-        return {"left": left, "watched": watched, "returncode": caller.returncode}
+        left = {pid: role for pid, role in watched.items() if pid not in gone}
+        return {"left": left, "gone": {watched[pid] + f" {pid}": at for pid, at in gone.items()},
+                "returncode": None if left else caller.wait()}
     finally:
-        for pid in [caller.pid, *watched]:
-            if _alive(pid):
+        for pid in watched:
+            if pid != caller.pid and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        caller.kill()
         caller.wait(timeout=30)
 
 
