@@ -60,12 +60,17 @@ class FailOnRankOne(Callback):
 
 
 class ExitOnceOnRankOne(Callback):
-    """Rank 1's process dies at the start of epoch 2 of the first attempt only."""
+    """Rank 1's process dies at the start of epoch 2 of the first attempt only; `begun`: the epochs the last
+    attempt began."""
 
     def __init__(self, marker: str):
         self.marker = marker
 
+    def on_train_begin(self, logs=None):
+        self.begun = []
+
     def on_epoch_begin(self, epoch, logs=None):
+        self.begun.append(epoch)
         if self.model.global_rank == 1 and epoch == 1 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os._exit(1)
@@ -155,8 +160,11 @@ def test_an_exception_on_rank_1_reaches_the_caller_with_its_traceback_within_30_
 
 
 def test_a_worker_killed_in_epoch_2_restarts_and_ends_bit_for_bit_as_the_fit_that_never_failed(ddp_run, tmp_path):
-    fitted, history = ray_fit(tmp_path, [ExitOnceOnRankOne(str(tmp_path / "killed"))], max_restarts=1)
+    killer = ExitOnceOnRankOne(str(tmp_path / "killed"))
+    fitted, history = ray_fit(tmp_path, [killer], max_restarts=1)
     assert (tmp_path / "killed").exists()
+    assert killer.begun == [1, 2]   # the restarted group began at epoch 2, from the checkpoint of epoch 1's end
+    assert not list(tmp_path.glob("*/.easyfit-fault-tolerance/*"))   # removed once the fit ended well
     never_failed, never_history, _ = ddp_run
     assert history.history == never_history.history
     for name, value in fitted.net.state_dict().items():

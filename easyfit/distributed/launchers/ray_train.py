@@ -13,6 +13,7 @@ import socket
 import uuid
 from typing import Any, Callable
 
+from easyfit.distributed.fault_tolerance import DEFAULT_FOLDER
 from easyfit.distributed.launcher_choice import RAY_INSTALL, Ray
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError, root_cause
@@ -79,7 +80,7 @@ class RayLauncher(Launcher):
         """The run's storage path, where a restarted worker group finds easyfit's checkpoint (None: Ray's default
         folder on this machine; a cloud URI keeps it in the workers' default folder)."""
         storage = self.options.storage_path or os.path.join(os.path.expanduser("~"), "ray_results")
-        return None if "://" in storage else os.path.join(os.path.abspath(storage), name, "easyfit-fault-tolerance")
+        return None if "://" in storage else os.path.join(os.path.abspath(storage), name, DEFAULT_FOLDER)
 
 
 def import_ray():

@@ -45,29 +45,32 @@ def run_worker(config: dict) -> None:
 
 
 def mailbox(ray):
-    """A new mailbox actor for one run, placed without taking a CPU from the workers."""
+    """A new mailbox actor for one run, placed without taking a CPU from the workers. Its class is made here, so
+    Ray sends it by value: the actor's process imports neither easyfit nor torch (seconds of a small cluster's CPU
+    while the workers start)."""
+
+    class Mailbox:
+        """Where a run's rank 0 leaves its result, failing workers their tracebacks, and rank 0 counts its
+        attempts."""
+
+        def __init__(self):
+            self._result, self._failures, self._attempts = None, {}, 0
+
+        def attempt(self) -> int:
+            """The restart this attempt is (0: the first)."""
+            self._attempts += 1
+            return self._attempts - 1
+
+        def put(self, result: bytes) -> None:
+            self._result = result
+
+        def failed(self, rank: int, details: str) -> None:
+            self._failures[rank] = details
+
+        def result(self) -> bytes | None:
+            return self._result
+
+        def failures(self) -> dict:
+            return dict(self._failures)
+
     return ray.remote(num_cpus=0)(Mailbox).remote()
-
-
-class Mailbox:
-    """Where a run's rank 0 leaves its result, failing workers their tracebacks, and rank 0 counts its attempts."""
-
-    def __init__(self):
-        self._result, self._failures, self._attempts = None, {}, 0
-
-    def attempt(self) -> int:
-        """The restart this attempt is (0: the first)."""
-        self._attempts += 1
-        return self._attempts - 1
-
-    def put(self, result: bytes) -> None:
-        self._result = result
-
-    def failed(self, rank: int, details: str) -> None:
-        self._failures[rank] = details
-
-    def result(self) -> bytes | None:
-        return self._result
-
-    def failures(self) -> dict[int, str]:
-        return dict(self._failures)
