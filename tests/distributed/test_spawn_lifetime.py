@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -100,15 +102,20 @@ def kill_caller(out: Path, strategy: str, signal_number: int) -> dict:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
-    """kill_caller once per (strategy, signal)."""
+    """kill_caller once per (strategy, signal), in a folder in memory where there is one: a disk busy with other
+    work can hold a rank's fsync longer than its clean-up may take."""
     outcomes = {}
+    memory = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(dir=memory)) if memory.is_dir() else tmp_path_factory.mktemp("killed")
 
     def run(strategy: str, signal_number: int) -> tuple[Path, dict]:
         if (strategy, signal_number) not in outcomes:
-            out = tmp_path_factory.mktemp(f"{strategy}-{signal_number}")
+            out = root / f"{strategy}-{signal_number}"
+            out.mkdir()
             outcomes[strategy, signal_number] = out, kill_caller(out, strategy, signal_number)
         return outcomes[strategy, signal_number]
-    return run
+    yield run
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
