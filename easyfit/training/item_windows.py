@@ -29,8 +29,9 @@ class ItemSteps:
         self.counting, self.loss_fn = counting, loss_fn
         self.denominator = torch.ones((), device=device)   # the training step's D, filled per window
         self.one = torch.ones((), device=device)   # evaluation sums the items' losses
-        self.losses = {True: counting.divided_loss(loss_fn, self.denominator),
-                       False: counting.divided_loss(loss_fn, self.one)}
+        self.batch_items = torch.zeros((), device=device)   # the batch's items, for a counting that reads them
+        self.losses = {True: counting.divided_loss(loss_fn, self.denominator, self.batch_items),
+                       False: counting.divided_loss(loss_fn, self.one, self.batch_items)}
         self.step_fns: dict = {}   # (forward_loss, training) -> the step of a batch after the first
 
     @classmethod
@@ -43,17 +44,23 @@ class ItemSteps:
             loop.steps.cache[key] = cls(counting, loop.loss_fn, device)
         return loop.steps.cache[key]
 
-    def runner(self, forward_loss: Callable, first_step, training: bool) -> Callable:
-        """step_fn(net, inputs, target) -> (output, target, the batch's item losses summed over D (training) or 1)."""
+    def runner(self, forward_loss: Callable, first_step, training: bool, items) -> Callable:
+        """step_fn(net, inputs, target) -> (output, target, the batch's item losses summed over D (training) or 1)
+        for a batch of `items` items."""
         denominator = self.denominator if training else self.one
         counting = self.counting
+        if counting.uses_batch_items and isinstance(items, torch.Tensor):
+            self.batch_items.copy_(items)
+        elif counting.uses_batch_items:
+            self.batch_items.fill_(items)
         if first_step is None and (forward_loss, training) in self.step_fns:
             return self.step_fns[forward_loss, training]
         if first_step is not None:
             def first(net, inputs, target):
                 output, target, loss = first_step.forward_and_loss(net, counting.inputs(inputs, denominator), target,
                                                                    self.loss_fn)
-                return output, target, counting.divided(self.loss_fn, denominator, output, target, loss)
+                loss = counting.divided(self.loss_fn, denominator, self.batch_items, output, target, loss)
+                return output, target, loss
             return first
         divided = self.losses[training]
 
@@ -63,7 +70,7 @@ class ItemSteps:
         self.step_fns[forward_loss, training] = step_fn
         return step_fn
 
-    def count(self, target) -> torch.Tensor | None:
+    def count(self, target) -> torch.Tensor | int | None:
         """The items of an evaluation batch; None: it is not counted (a per-batch mean)."""
         return self.counting.count(target) if self.counting.applies(target) else None
 
@@ -106,7 +113,7 @@ class CountedWindows:
                 self.counts.extend([None] * len(window))
             yield from window
 
-    def next_count(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def next_count(self) -> tuple | None:
         """The items of the batch about to train and its window's D (None: it trains as a per-batch mean)."""
         return self.counts.popleft()
 
@@ -115,14 +122,20 @@ class CountedWindows:
         group, count it once), per share of the gradient's average; at least 1 (a window of padding only)."""
         strategy = self.strategy
         if self.across_ranks:
-            items = strategy.reduce(items.to(strategy.root_device), "sum")
+            items = strategy.reduce(torch.as_tensor(items, device=strategy.root_device), "sum")
             if strategy.data_parallel_size != strategy.world_size:
                 items = items * (strategy.data_parallel_size / strategy.world_size)
-        self.scale = items.clamp(min=1) / self.shares   # this window's D, kept for its losses in the epoch's sum
-        self.denominator.copy_(self.scale)
+        if not isinstance(items, torch.Tensor):   # counted on the host (see count_items)
+            self.scale = max(items, 1) / self.shares
+            self.denominator.fill_(self.scale)
+            return
+        denominator = self.denominator.copy_(items).clamp_(min=1)   # in place: no Python number made a tensor
+        if self.shares != 1:
+            denominator.div_(self.shares)
+        self.scale = denominator.clone()   # this window's D, for its losses in the epoch's sum
 
 
-def counted_mean(loss: torch.Tensor, items: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def counted_mean(loss: torch.Tensor, items, scale) -> torch.Tensor:
     """A counted batch's mean loss over its items (0 without items) from its loss over `scale`: for the batch logs."""
-    return loss * scale / items.clamp(min=1)
+    return loss * scale / (items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1))
 

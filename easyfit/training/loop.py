@@ -172,7 +172,7 @@ class Loop:
             first_step = self.first_steps.get(batches)
             items = None if epoch_run.counted is None else epoch_run.counted.next_count()
             if items is not None:   # a counted batch: its items' losses summed, over the step's D
-                step_fn, divisor = self.items.runner(epoch_run.forward_loss, first_step, True), 1
+                step_fn, divisor = self.items.runner(epoch_run.forward_loss, first_step, True, items[0]), 1
             else:
                 step_fn = epoch_run.plain if first_step is None else \
                     _runner(epoch_run.forward_loss, self.loss_fn, first_step)
@@ -304,7 +304,7 @@ class Loop:
                 inputs, target = split_batch(precision.convert_input(batch))
                 count = None if items is None else items.count(target)
                 if count is not None:   # a counted batch: its items' losses summed
-                    step_fn = items.runner(forward_loss, first_step, False)
+                    step_fn = items.runner(forward_loss, first_step, False, count)
                 else:
                     step_fn = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
                 output, target, loss = self.strategy.evaluation_step(net, inputs, target, step_fn, precision)
