@@ -127,13 +127,18 @@ def new_hf_model(kind: str) -> nn.Module:
     return BertForMaskedLM(config) if kind == "masked_lm" else BertForTokenClassification(config)
 
 
+#: the sequences with 11 real tokens (the others have 2): every split of the 8 (micro-batches of 4 or 2, ranks taking
+#: every other one, both) gives its parts different numbers of tokens
+LONG_ROWS = (0, 1, 2, 4)
+
+
 def hf_rows(kind: str) -> dict:
-    """8 sequences of 12 tokens: the first 4 with 11 real tokens (labelled), the last 4 with 2."""
+    """8 sequences of 12 tokens: 4 with 11 real tokens (labelled), 4 with 2 (`LONG_ROWS`)."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 50, (8, 12), generator=generator)
     labels = ids.clone() if kind != "token_classifier" else torch.randint(0, 3, (8, 12), generator=generator)
     for row in range(8):
-        labels[row, 11 if row < 4 else 2:] = -100
+        labels[row, 11 if row in LONG_ROWS else 2:] = -100
     return {"input_ids": ids, "labels": labels}
 
 
