@@ -172,7 +172,7 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
     check_compile(run.compile, strategy, options)
     if on_ray is not None:
         from easyfit.distributed.launchers.ray_train import RayLauncher
-        launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1) * run.num_nodes, run.accelerator,
+        launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,
                                options.max_restarts if method == "fit" else 0, worker_plan)
         return Plan(method, run, strategy, launcher, precision, True)
     launcher = strategy.launcher
@@ -185,8 +185,9 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
 
 def worker_plan(plan: Plan, model, options: Any) -> Plan:
     """The plan of a call in a worker of launcher="ray": made again there, where Ray's worker context is the launch
-    environment (as torchrun's would be); rank 0 hands its result and state back to the caller."""
-    planned = plan_call(model, plan.method, plan.run.replace(launcher="auto"), options)
+    environment (as torchrun's would be), on the devices of the workers Ray placed on this node; rank 0 hands its
+    result and state back to the caller."""
+    planned = plan_call(model, plan.method, plan.run.replace(launcher="auto", devices="auto"), options)
     return replace(planned, launcher=None, rank_zero_elsewhere=True)
 
 

@@ -13,20 +13,31 @@ from torch import nn
 SAMPLES, BATCH, LR, EPOCHS = 40, 8, 0.1, 3
 
 
-def start_cluster(module_name: str):
-    """A module fixture's body: a local cluster of 2 CPUs for the module's tests, shut down at its end; the test
-    module's own classes and functions travel to the workers by value (they are not importable there)."""
+def start_cluster(module_name: str, nodes: int = 1):
+    """A module fixture's body: a local cluster of 2 CPUs for the module's tests (one node, or `nodes` of one CPU
+    each on this machine, as Ray's own tests make them), shut down at its end; the test module's own classes and
+    functions travel to the workers by value (they are not importable there)."""
     ray = pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
     pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
     from ray import cloudpickle
+    from ray.cluster_utils import Cluster
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    cluster = None
+    if nodes == 1:
+        ray.init(num_cpus=2, include_dashboard=False)
+    else:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address)
     try:
         yield ray
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def make_data(samples: int = SAMPLES):

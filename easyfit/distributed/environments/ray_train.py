@@ -29,6 +29,12 @@ class RayEnvironment(ClusterEnvironment):
     def launched_by_easyfit(self) -> bool:
         return os.environ.get(RAY_LAUNCHED_VARIABLE) == "1"
 
+    def validate(self, num_nodes: int, devices_per_node: int) -> None:
+        """A user's own TorchTrainer must have started the workers the call asks for; launcher="ray" made its run
+        for the call, and Ray placed its workers over the nodes as they fit (some nodes may hold more)."""
+        if not self.launched_by_easyfit:
+            super().validate(num_nodes, devices_per_node)
+
     def launch_fix(self, num_nodes: int, devices_per_node: int) -> str:
         return (f"give the TorchTrainer ScalingConfig(num_workers={num_nodes * devices_per_node}), or launcher='ray' "
                 "the same devices and num_nodes")

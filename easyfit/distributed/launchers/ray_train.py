@@ -31,10 +31,12 @@ class RayLauncher(Launcher):
 
     rank_zero_in_caller = False
 
-    def __init__(self, options: Ray, num_workers: int, accelerator: str, max_restarts: int,
+    def __init__(self, options: Ray, devices: int, num_nodes: int, accelerator: str, max_restarts: int,
                  worker_plan: Callable):
         self.options, self.accelerator, self.max_restarts = options, str(accelerator).lower(), max_restarts
-        self.num_workers = options.num_workers or num_workers
+        self.num_workers = options.num_workers or devices * num_nodes
+        # several nodes: the workers spread over the cluster's nodes (Ray's "SPREAD"), else packed on the fewest
+        self.placement = "SPREAD" if num_nodes > 1 else "PACK"
         self.worker_plan = worker_plan
 
     def launch(self, function: Callable, plan, work, model=None, **inputs) -> Any:
@@ -56,7 +58,7 @@ class RayLauncher(Launcher):
         trainer = TorchTrainer(
             run_worker, train_loop_config=config, datasets=datasets, dataset_config=dataset_config,
             scaling_config=ScalingConfig(num_workers=self.num_workers, use_gpu=use_gpu,
-                                         resources_per_worker=resources),
+                                         resources_per_worker=resources, placement_strategy=self.placement),
             run_config=RunConfig(name=name, storage_path=self.options.storage_path,
                                  failure_config=FailureConfig(max_failures=self.max_restarts),
                                  worker_runtime_env=self.options.runtime_env))
