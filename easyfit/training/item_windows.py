@@ -135,7 +135,12 @@ class CountedWindows:
         self.scale = denominator.clone()   # this window's D, for its losses in the epoch's sum
 
 
-def counted_mean(loss: torch.Tensor, items, scale) -> torch.Tensor:
-    """A counted batch's mean loss over its items (0 without items) from its loss over `scale`: for the batch logs."""
-    return loss * scale / (items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1))
+class CountedMean:
+    """A counted batch's mean loss over its items (0 without items), from its loss over `scale`, for the batch logs:
+    worked out only when a callback reads it (`float`)."""
 
+    def __init__(self, loss: torch.Tensor, items, scale):
+        self.loss, self.items, self.scale = loss, items, scale
+
+    def __float__(self) -> float:
+        return float(self.loss) * float(self.scale) / max(float(self.items), 1.0)

@@ -18,23 +18,13 @@ from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
 from easyfit.parts.precision import Precision
 from easyfit.training.epoch_logs import BatchLogs, LossTracker
-from easyfit.training.item_windows import CountedWindows, ItemSteps, counted_mean
+from easyfit.training.fit_options import TrainingSettings
+from easyfit.training.item_windows import CountedMean, CountedWindows, ItemSteps
 from easyfit.training.lockstep import in_lockstep
 from easyfit.utils.tensors import on_cpu
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
 SYNC = contextlib.nullcontext()
-
-
-@dataclass
-class TrainingSettings:
-    """How fit trains; the strategy sees them before `setup` (`Strategy.configure_training`)."""
-    batch_size: int = 32
-    gradient_accumulation_steps: int = 1
-    gradient_clip_val: float | None = None
-    scheduler_interval: str = "epoch"
-    precision: str = "32"
-    steps_per_execution: Any = "auto"   # training steps per compiled call (see easyfit.training.multi_step)
 
 
 @dataclass
@@ -191,7 +181,7 @@ class Loop:
             epoch_run.tracker.add(loss, size)
         else:
             epoch_run.tracker.add_counted(loss, items[1], items[0])
-            loss = counted_mean(loss, *items) if epoch_run.batch_end else loss
+            loss = CountedMean(loss, *items)
         if epoch_run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
             self.metrics.update(output, target)
         if epoch_run.batch_end:
@@ -316,7 +306,7 @@ class Loop:
                     tracker.add(loss.detach(), size)
                 else:
                     tracker.add_counted(loss.detach(), items.one, count)
-                    loss = counted_mean(loss, count, items.one) if batch_end else loss
+                    loss = CountedMean(loss, count, items.one)
                 if metrics and output is not None:
                     metrics.update(output, target)
                 if batch_end:
