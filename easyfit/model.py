@@ -27,18 +27,19 @@ from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.compiling import CompiledSteps
+from easyfit.training.fit_options import FitOptions, takes_fit_options
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import ON_RANK as TRAINING_ON_RANK, call_on_rank, fit_callbacks
-from easyfit.training.plan import fit_options, plan_call
-from easyfit.tuning.batch_size_finder import search_on_rank
+from easyfit.training.plan import plan_call
+from easyfit.tuning import batch_size_finder, lr_finder
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
 
 #: what a call runs on each rank, by the call's name
-ON_RANK = {**TRAINING_ON_RANK, "find_batch_size": search_on_rank}
+ON_RANK = {**TRAINING_ON_RANK, "find_batch_size": batch_size_finder.search_on_rank}
 
 
 class Model(OnBatchCalls):
@@ -114,45 +115,17 @@ class Model(OnBatchCalls):
 
     # --- public API ---------------------------------------------------------------------
     @takes_run_options()
-    def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
-            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
-            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
-            seed=0, resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
-            lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
-            steps_per_execution="auto", **run_options) -> History:
+    @takes_fit_options()
+    def fit(self, x=None, y=None, *positional, **keywords) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
             x: inputs: an array or tensor (a list of them for several inputs), a Dataset, a DataLoader (used as
                 given) or any re-iterable of batches `(x, y)`, `(x1, x2, ..., y)` or dicts.
             y: targets for array / tensor `x`; None when `x` yields its own targets.
-            batch_size: samples per batch and process (default 32); the effective batch is this × the processes.
-            epochs: the index of the last epoch, as in Keras: resuming after epoch 4 with epochs=8 trains 5 to 8.
-            verbose: 0 silent, 1 a progress bar, 2 a line per epoch; "auto" (default) 1 on a terminal, else 2.
-            callbacks: Callback objects (EarlyStopping, ModelCheckpoint, ...), or one alone (default none).
-            validation_split: the share of the samples (the last ones) held out for validation (default 0.0).
-            validation_data: `(x_val, y_val)`, `(x_val, y_val, weights)`, a Dataset or a DataLoader (default None).
-            shuffle: reshuffle the training samples every epoch, as a function of (seed, epoch) (default True).
-            class_weight: {class index: weight} weighing each sample's loss by its class (default None).
-            sample_weight: one weight per training sample, for array / tensor `x` (default None).
-            initial_epoch: the epoch to start at, e.g. to continue a previous fit (default 0).
-            steps_per_epoch: batches per epoch; None (default): all of them.
-            validation_steps: validation batches per evaluation; None (default): all of them.
-            validation_batch_size: the validation batch size; None (default): batch_size.
-            validation_freq: validate every this many epochs (default 1).
-            seed: the seed of the shuffle order (default 0).
-            resume_from: a checkpoint (ModelCheckpoint, BackupAndRestore, save()) to continue exactly (default None).
-            gradient_accumulation_steps: batches whose gradients make one optimizer step (default 1).
-            gradient_clip_val: clip the total gradient norm to this value; None (default): no clipping.
-            lr_scaling: scale the LR by the batches per step: "linear" (default), "sqrt" or None.
-            lr_warmup_epochs: ramp the LR from the unscaled to the scaled value over this many epochs (default 0).
-            max_restarts: restart the ranks of a failed attempt this often; None (default): easyfit.launch's, or 0.
-            fault_tolerance: None (default): checkpoint under a launcher that restarts ranks; False; or its folder.
-            fault_tolerance_every_n_steps: also checkpoint every this many steps; None (default): each epoch end.
-            steps_per_execution: with compile=, training steps per compiled call; "auto" (default) picks (api.md).
         """
+        options, run_options = FitOptions.given(positional, keywords)
         run = RunOptions.given(run_options, "Model.fit")
-        options = fit_options(locals())
         history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
         fit_returned(options.callbacks)   # outside every launcher: e.g. OptunaPruning raises TrialPruned here
@@ -247,17 +220,19 @@ class Model(OnBatchCalls):
         model.restore(state)
         return model
 
+    @takes_run_options()
+    @takes_fit_options(own=lr_finder.find_lr, leave_out=lr_finder.SWEEP_OPTIONS, verbose=0)
     def find_lr(self, x=None, y=None, **kwargs):
         """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
         optimizer and RNG are left exactly as before. See easyfit.tuning.lr_finder and docs/api.md."""
-        from easyfit.tuning.lr_finder import find_lr
-        return find_lr(self, x, y, **kwargs)
+        return lr_finder.find_lr(self, x, y, **kwargs)
 
+    @takes_run_options()
+    @takes_fit_options(own=batch_size_finder.find_batch_size, leave_out=batch_size_finder.TRIAL_OPTIONS)
     def find_batch_size(self, x=None, y=None, **kwargs) -> int:
         """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
         is left as before. See easyfit.tuning.batch_size_finder and docs/api.md."""
-        from easyfit.tuning.batch_size_finder import find_batch_size
-        return find_batch_size(self, x, y, **kwargs)
+        return batch_size_finder.find_batch_size(self, x, y, **kwargs)
 
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given: also `summary(x)`) and

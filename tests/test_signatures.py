@@ -3,29 +3,27 @@ in their docstrings; a misspelt keyword is refused with the name it was probably
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, fields
 
 import pytest
 import torch
 
 import easyfit
 from easyfit.distributed import run_options
-from easyfit.training.plan import FitOptions
+from easyfit.training.fit_options import FIT_OPTIONS
 
 #: a call's own arguments, besides the options dataclasses it builds
 OWN = {"fit": {"x", "y"}, "evaluate": {"x", "y", "batch_size", "verbose", "callbacks", "return_dict"},
        "predict": {"x", "batch_size", "verbose", "callbacks"},
        "train_on_batch": {"x", "y", "sample_weight", "class_weight", "return_dict"},
        "test_on_batch": {"x", "y", "return_dict"}, "predict_on_batch": {"x"}}
-OPTIONS = {"fit": (FitOptions,)}
+OPTIONS = {"fit": FIT_OPTIONS}
 #: the *_on_batch calls run on one device unless told otherwise
 ON_BATCH_DEFAULTS = {"devices": 1}
 
 
-def defaults(*option_types) -> dict:
+def defaults(fit_options=()) -> dict:
     declared = {option.name: option.default for option in run_options.OPTIONS}
-    own = {f.name: None if f.default is MISSING else f.default for t in option_types for f in fields(t)}
-    return {**declared, **own}
+    return {**declared, **{option.name: option.default for option in fit_options}}
 
 
 def parameters(call: str) -> dict:
@@ -36,7 +34,7 @@ def parameters(call: str) -> dict:
 
 @pytest.mark.parametrize("call", list(OWN))
 def test_the_signature_lists_every_option_with_its_default(call):
-    expected = defaults(*OPTIONS.get(call, ()))
+    expected = defaults(OPTIONS.get(call, ()))
     if call.endswith("_on_batch"):
         expected.update(ON_BATCH_DEFAULTS)
     assert parameters(call) == expected

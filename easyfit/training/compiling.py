@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_map
 
 from easyfit.distributed.strategies.base import unwrap
 from easyfit.training.direct_call import DirectProgram
+from easyfit.training.fit_options import FitOptions
 from easyfit.training.functional_step import ParameterNames, make_program, own_cache, shapes_of, unfusable_reason
 from easyfit.training.loop import call_net
 from easyfit.training.multi_step import FusedTraining, check_steps_per_execution, small_step, steps_per_call
@@ -254,7 +255,8 @@ class CompiledSteps:
         # object: a new optimizer of the same kind over the same net (compile() before fitting again) reuses them
         names = ParameterNames(loop.net, loop.optimizer)
         programs = self._cached(("programs", id(loop.net), type(loop.optimizer), tuple(names.names),
-                                 shapes_of(names.params, names.buffers), id(loss), repr(settings)), dict)
+                                 shapes_of(names.params, names.buffers), id(loss), repr(settings),
+                                 loop.settings.step_key()), dict)
         device = loop.strategy.root_device
         extra = {}
         if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
@@ -323,15 +325,16 @@ def check_compile(value: Any, strategy, options=None) -> None:
     """Raise before any work when `compile` is malformed, the strategy cannot compile its step, or fit's `options`
     accumulate gradients under CUDA graphs."""
     settings = compile_settings(value)
-    check_steps_per_execution(getattr(options, "steps_per_execution", "auto"), settings is not None,
-                              getattr(options, "callbacks", None) or ())
+    if not isinstance(options, FitOptions):   # evaluate, predict, the finders: fit's defaults
+        options = FitOptions()
+    check_steps_per_execution(options.steps_per_execution, settings is not None, options.callbacks or ())
     if settings is None:
         return
     if not strategy.supports_compile:
         raise ValueError(f"strategy {strategy.name!r} does not support compile={value!r}: its step runs through "
                          "code torch.compile cannot trace as one step. Use compile=False, or strategy='single' / "
                          "'ddp' (see docs/strategies.md, supports_compile).")
-    if settings.get("mode") in CUDA_GRAPH_MODES and getattr(options, "gradient_accumulation_steps", 1) > 1:
+    if settings.get("mode") in CUDA_GRAPH_MODES and options.gradient_accumulation_steps > 1:
         raise ValueError(f"compile={value!r} replays CUDA graphs, and each replay overwrites the gradients the "
                          "previous one left, which gradient accumulation keeps across batches; use compile=True "
                          "(or mode 'max-autotune-no-cudagraphs') with gradient_accumulation_steps")

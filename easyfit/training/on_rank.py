@@ -24,8 +24,9 @@ from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_o
 from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.first_batch import prepare, prepare_fit_data
-from easyfit.training.loop import Loop, TrainingObjects, TrainingSettings
-from easyfit.training.plan import FitOptions, Plan
+from easyfit.training.fit_options import FitOptions, TrainingSettings
+from easyfit.training.loop import Loop, TrainingObjects
+from easyfit.training.plan import Plan
 
 
 def call_on_rank(plan: Plan, work: Callable, model, **inputs) -> tuple[Any, dict | None]:
@@ -75,9 +76,7 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     train = limit_steps(train, options.steps_per_epoch, "training")
     val = None if val is None else limit_steps(val, options.validation_steps, "validation")
     precision.convert_module(model.net)
-    settings = TrainingSettings(options.batch_size, options.gradient_accumulation_steps,
-                                options.gradient_clip_val, model.scheduler_interval, precision.name,
-                                options.steps_per_execution)
+    settings = TrainingSettings.of(options, scheduler_interval=model.scheduler_interval, precision=precision.name)
     strategy.configure_training(settings)
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
     objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)

@@ -17,10 +17,10 @@ from typing import Any, Callable
 import torch
 
 from easyfit.data.batches import check_not_empty
-from easyfit.distributed.run_options import RunOptions, option_names
+from easyfit.distributed.run_options import RunOptions, option_names, refuse_unknown
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.saving.model_state import kept
-from easyfit.training.plan import FitOptions, split_options
+from easyfit.training.fit_options import fit_option_names
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int
@@ -29,7 +29,8 @@ from easyfit.utils.tensors import sample_count
 #: what a failed allocation says on the CPU (torch raises a plain RuntimeError there)
 CPU_OUT_OF_MEMORY = ("can't allocate memory", "out of memory")
 #: fit options a trial sets itself
-TRIAL_OPTIONS = ("epochs", "batch_size", "steps_per_epoch", "validation_data", "validation_split", "resume_from")
+TRIAL_OPTIONS = ("epochs", "batch_size", "steps_per_epoch", "validation_data", "validation_split", "resume_from",
+                 "shuffle", "verbose", "lr_scaling")
 
 
 def largest_that_trains(trains: Callable[[int], bool], start: int, limit: int) -> int:
@@ -163,7 +164,7 @@ def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | N
     run_kwargs = {key: value for key, value in kwargs.items() if key in option_names()}
     options = {key: value for key, value in kwargs.items() if key not in run_kwargs}
     limit = check_search(x, start, max_batch_size, max_memory, steps, options, run_kwargs.get("accelerator"))
-    split_options(options, FitOptions)   # a misspelt option is refused by name before any trial
+    refuse_unknown(options, fit_option_names())   # a misspelt option is refused by name before any trial
     accelerator = run_kwargs.get("accelerator", "auto")
     on_gpu = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
     if max_memory is None and max_batch_size is None and not on_gpu and not can_measure():

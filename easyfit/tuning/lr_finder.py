@@ -18,6 +18,9 @@ from easyfit.callbacks.base import Callback, callback_list
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int, check_positive_number
 
+#: fit options the sweep sets itself
+SWEEP_OPTIONS = ("epochs", "steps_per_epoch", "validation_data", "validation_split", "resume_from")
+
 
 @dataclass
 class LRFinderResult:
@@ -108,7 +111,7 @@ def find_lr(model, x, y=None, *, start_lr: float = 1e-7, end_lr: float = 10.0, n
     if not 0 < smoothing <= 1:
         raise ValueError(f"smoothing must be in (0, 1] (the weight of each new loss), got {smoothing!r}")
     check_positive_number(divergence, "divergence", "a factor > 1 over the lowest smoothed loss")
-    for name in ("epochs", "steps_per_epoch", "validation_data", "validation_split", "resume_from"):
+    for name in SWEEP_OPTIONS:
         if name in fit_options:
             raise TypeError(f"find_lr runs its own sweep of num_steps steps; it takes no {name}")
     sweep = LRSweep(start_lr, end_lr, num_steps, smoothing, divergence)

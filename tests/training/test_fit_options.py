@@ -1,0 +1,97 @@
+"""fit's own options are declared once (easyfit.training.fit_options): a new one is one row, found in fit's and the
+finders' signatures and help, in the plan's checks, in the loop's settings and in the compiled programs' key; fit's
+signature keeps its order and kinds."""
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import easyfit
+
+P, K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+#: fit's own arguments and options as they were written by hand before the declarations: names, order and kinds
+FIT_SIGNATURE = [("x", P), ("y", P), ("batch_size", P), ("epochs", P), ("verbose", P), ("callbacks", P),
+                 ("validation_split", P), ("validation_data", P), ("shuffle", P), ("class_weight", P),
+                 ("sample_weight", P), ("initial_epoch", P), ("steps_per_epoch", P), ("validation_steps", P),
+                 ("validation_batch_size", P), ("validation_freq", P), ("seed", K), ("resume_from", K),
+                 ("gradient_accumulation_steps", K), ("gradient_clip_val", K), ("lr_scaling", K),
+                 ("lr_warmup_epochs", K), ("max_restarts", K), ("fault_tolerance", K),
+                 ("fault_tolerance_every_n_steps", K), ("steps_per_execution", K)]
+
+
+def test_fit_keeps_the_order_and_kinds_of_its_arguments():
+    parameters = list(inspect.signature(easyfit.Model.fit).parameters.values())[1:len(FIT_SIGNATURE) + 1]
+    assert [(p.name, p.kind) for p in parameters] == FIT_SIGNATURE
+
+
+def test_positional_options_bind_in_order_and_a_second_value_is_refused():
+    model, seen = easyfit.Model(torch.nn.Linear(2, 2)), {}
+    model._dispatch = lambda method, run, **inputs: seen.update(inputs)
+    x, y = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
+    model.fit(x, y, 2, 3, 0, [], gradient_accumulation_steps=2, devices=1)
+    options = seen["options"]
+    assert (options.batch_size, options.epochs, options.verbose, options.callbacks,
+            options.gradient_accumulation_steps) == (2, 3, 0, [], 2)
+    with pytest.raises(TypeError, match="multiple values for argument 'batch_size'"):
+        model.fit(x, y, 2, batch_size=4)
+    with pytest.raises(TypeError, match="at most 16 positional arguments"):
+        model.fit(x, y, *range(1, 16))
+
+
+#: a fit option added in its one declaration (a fresh interpreter), then looked for everywhere fit's options go
+FAKE_FIT_OPTION = """
+import importlib, inspect, warnings
+import torch
+from easyfit.training import compiling, fit_options
+
+def check(value, name):
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+fit_options.FIT_OPTIONS.append(fit_options.FitOption("fake_fit_option", 7, "a made-up fit option", check,
+                                                     keyword_only=True, setting=True, in_step_key=True))
+from easyfit import model as model_module
+importlib.reload(model_module)   # the calls are declared again, as in a fresh interpreter
+Model = model_module.Model
+for name in ("fit", "find_lr", "find_batch_size"):
+    call = getattr(Model, name)
+    parameter = inspect.signature(call).parameters["fake_fit_option"]
+    assert parameter.default == 7 and parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+    assert "fake_fit_option: a made-up fit option (default 7)" in inspect.getdoc(call), name
+
+x, y = torch.randn(8, 2), torch.tensor([0, 1] * 4)
+for call, arguments in ((Model.fit, {}), (Model.find_lr, {"num_steps": 2}), (Model.find_batch_size,
+                                                                              {"max_batch_size": 4})):
+    try:   # the plan checks it, for fit and for the finders' trial fits
+        call(Model(torch.nn.Linear(2, 2)), x, y, fake_fit_option=-1, devices=1, **arguments)
+    except ValueError as error:
+        assert "fake_fit_option must be >= 0, got -1" in str(error), error
+    else:
+        raise AssertionError(f"{call.__name__} did not check fake_fit_option")
+
+settings, keys = [], []
+configure = compiling.CompiledSteps._cached
+compiling.CompiledSteps._cached = lambda self, key, build: keys.append(key) or configure(self, key, build)
+from easyfit.distributed.strategies.base import Strategy
+configure_training = Strategy.configure_training
+Strategy.configure_training = lambda self, given: settings.append(given) or configure_training(self, given)
+model = Model(torch.nn.Linear(2, 2), optimizer="sgd")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    model.fit(x, y, batch_size=4, verbose=0, devices=1, compile=True, fake_fit_option=8)
+assert settings[-1].fake_fit_option == 8, settings
+assert settings[-1].step_key() == (("gradient_clip_val", None), ("fake_fit_option", 8))
+programs = [key for key in keys if key[0] == "programs"]
+assert programs and programs[-1][-1] == settings[-1].step_key(), keys
+print("found everywhere")
+"""
+
+
+def test_a_fit_option_declared_once_reaches_fit_the_finders_their_help_the_plan_the_loop_and_the_step_key():
+    done = subprocess.run([sys.executable, "-c", FAKE_FIT_OPTION], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "found everywhere" in done.stdout
