@@ -95,3 +95,11 @@ def test_a_fit_option_declared_once_reaches_fit_the_finders_their_help_the_plan_
     done = subprocess.run([sys.executable, "-c", FAKE_FIT_OPTION], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "found everywhere" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["shuffle", "verbose", "lr_scaling"])
+def test_find_batch_size_refuses_by_name_the_options_its_trials_set(name):
+    model = easyfit.Model(torch.nn.Linear(2, 2))
+    assert name not in inspect.signature(easyfit.Model.find_batch_size).parameters
+    with pytest.raises(TypeError, match=f"find_batch_size runs its own short trials; it takes no {name}"):
+        model.find_batch_size(torch.randn(8, 2), torch.tensor([0, 1] * 4), max_batch_size=4, **{name: 0})
