@@ -298,6 +298,7 @@ class Model(OnBatchCalls):
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
+        self._input_example = state.pop("input_example")
         if method == "fit":   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
             options = inputs["options"]

@@ -45,10 +45,11 @@ def call_on_rank(plan: Plan, work: Callable, model, **inputs) -> tuple[Any, dict
             result = work(model, plan.run, **inputs)
         if not returns_state:
             return result, None
+        returned = {"warnings": caught, "input_example": model._input_example}   # what model.export traces with
         if method != "fit":
-            return result, {"warnings": caught}
+            return result, returned
         # a History refers to the whole Model: the caller rebuilds its own from the state instead
-        return None, {**model.checkpoint_state(), "warnings": caught,
+        return None, {**model.checkpoint_state(), **returned,
                       "callback_attributes": callback_attributes(inputs["options"].callbacks)}
     except RuntimeError as error:   # DDP's unused-parameter error, with the parameters' names and the fix
         explained = explain_unused_parameters(error, model.net)

@@ -171,3 +171,14 @@ def test_after_a_ddp_and_an_fsdp_fit_rank_zero_exports_the_plain_trained_net(tmp
                                        atol=TOLERANCE, rtol=0)
             torch.testing.assert_close(program_output(tmp_path / f"{strategy}-rank0.pt2", inputs), expected,
                                        atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.timeout(300)
+def test_after_a_ddp_spawn_fit_the_example_comes_back_from_rank_zero(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    model = easyfit.Model(tiny_net(), "cross_entropy", "sgd", lr=0.1)
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0, devices=2, accelerator="cpu", strategy="ddp_spawn")
+    model.export(tmp_path / "net.pt2")   # rank 0 ran in another process: its first batch is the example
+    torch.testing.assert_close(program_output(tmp_path / "net.pt2", x[:5]), model.predict(x[:5]), atol=TOLERANCE,
+                               rtol=0)
