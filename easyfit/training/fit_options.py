@@ -140,7 +140,7 @@ class _Values:
         if unknown:
             raise TypeError(f"{type(self).__name__} has no {', '.join(unknown)}")
         for name, default in rows.items():
-            setattr(self, name, values.get(name, default))
+            object.__setattr__(self, name, values.get(name, default))
 
     def __eq__(self, other) -> bool:
         return type(other) is type(self) and vars(other) == vars(self)
@@ -188,7 +188,10 @@ LOOP_SETTINGS = {"scheduler_interval": "epoch", "precision": "32"}
 
 class TrainingSettings(_Values):
     """How fit trains (the fit options marked `setting`, the scheduler's interval, the precision); the strategy sees
-    them before `setup` (`Strategy.configure_training`)."""
+    them before `setup` (`Strategy.configure_training`); read-only."""
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("training settings are read-only: build new ones with TrainingSettings.of(...)")
 
     @classmethod
     def _rows(cls) -> dict:
