@@ -52,7 +52,8 @@ def launch(tmp_path_factory):
                              str(SEED), script="resume_space.py", timeout=540)
         assert process.returncode == 0, process.stderr[-6000:]
         return torch.load(out / "result.pt", weights_only=False)
-    return lambda launcher: launch_once(tmp_path_factory, run)(launcher)[1]
+    once = launch_once(tmp_path_factory, run)
+    return lambda launcher: once(launcher)[1]
 
 
 def check(results: dict, prefix: str, count: int | None = None) -> None:
