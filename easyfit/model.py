@@ -128,7 +128,7 @@ class Model(OnBatchCalls):
         run = RunOptions.given(run_options, "Model.fit")
         history = self._dispatch("fit", run, x=x, y=y, options=options)
         self.net.eval()   # calling the net now runs inference, as predict does
-        fit_returned(options.callbacks)   # outside every launcher: e.g. OptunaPruning raises TrialPruned here
+        fit_returned(callback_list(options.callbacks))   # outside every launcher: OptunaPruning raises TrialPruned
         return history
 
     @takes_run_options()
@@ -292,6 +292,8 @@ class Model(OnBatchCalls):
         """Run the call `method` ("fit", "evaluate", ...: ON_RANK) by its plan: in this process or, through the
         plan's launcher, in every rank."""
         plan = plan_call(self, method, run, inputs.get("options"))
+        if plan.options is not None:
+            inputs["options"] = plan.options   # fit's, checked and completed
         if plan.launcher is None:
             return call_on_rank(plan, ON_RANK[method], model=self, **inputs)[0]
         result, state = plan.launcher.launch(call_on_rank, plan, ON_RANK[method], model=self, **inputs)

@@ -150,7 +150,7 @@ class _Values:
 
 
 class FitOptions(_Values):
-    """One fit's own options (`FIT_OPTIONS`): `options.epochs`, `options.batch_size`, ..."""
+    """One fit's own options (`FIT_OPTIONS`), read-only: `options.epochs`, `options.batch_size`, ..."""
 
     @classmethod
     def _rows(cls) -> dict:
@@ -172,14 +172,22 @@ class FitOptions(_Values):
                 values[name] = rest.pop(name)
         return cls(**values), rest
 
-    def checked(self) -> None:
-        """Check each option on its own (`FitOption.check`) and bring it to the form easyfit uses, in place."""
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("fit options are read-only: build new ones with replace()")
+
+    def replace(self, **changes) -> FitOptions:
+        return FitOptions(**{**vars(self), **changes})
+
+    def checked(self) -> FitOptions:
+        """Check each option on its own (`FitOption.check`); the options in the forms easyfit uses (`convert`)."""
+        values = {}
         for option in FIT_OPTIONS:
-            value = getattr(self, option.name)
+            value = values[option.name] = getattr(self, option.name)
             if option.check is not None:
                 option.check(value, option.name)
             if option.convert is not None:
-                setattr(self, option.name, option.convert(value))
+                values[option.name] = option.convert(value)
+        return FitOptions(**values)
 
 
 #: the loop's own settings, besides the fit options marked `setting`

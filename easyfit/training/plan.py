@@ -21,12 +21,13 @@ from easyfit.training.compiling import check_compile
 from easyfit.training.fit_options import FitOptions
 
 
-def check_fit_options(options: FitOptions, loss_fn=None) -> None:
+def check_fit_options(options: FitOptions, loss_fn=None) -> FitOptions:
     """Raise, before any training work, on a fit option that is out of range (each one's own check, `FIT_OPTIONS`)
-    or that does not fit another or the Model's loss (`loss_fn`), saying what is accepted; bring the forms Keras
-    accepts to the one easyfit uses."""
-    options.checked()
+    or that does not fit another or the Model's loss (`loss_fn`), saying what is accepted; the options in the forms
+    easyfit uses (the forms Keras accepts brought to them)."""
+    options = options.checked()
     check_validation_and_weights(options, loss_fn)
+    return options
 
 
 def check_validation_and_weights(options: FitOptions, loss_fn) -> None:
@@ -53,6 +54,8 @@ class Plan:
     precision: str
     #: global rank 0 runs in another process than the caller, so it sends its results and state back
     rank_zero_elsewhere: bool
+    #: fit's options, checked and completed (None for the other calls)
+    options: FitOptions | None = None
 
     def __getstate__(self) -> dict:
         """A copy sent to a spawned rank leaves the caller's launcher behind."""
@@ -63,8 +66,9 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
     """The plan of `model.<method>(...)` with these run options (and fit's `options`, checked and completed here);
     raises on what cannot run."""
     if method == "fit":
-        check_fit_options(options, model.loss_fn)
-        options.max_restarts = max_restarts_for(options.max_restarts)   # launch()'s default
+        options = check_fit_options(options, model.loss_fn)
+        options = options.replace(max_restarts=max_restarts_for(options.max_restarts))   # launch()'s default
+    fit = options if method == "fit" else None
     on_ray = ray_options(run.launcher)
     placement = run.placement()
     if on_ray is not None:   # the workers resolve the nodes and their devices; here every check before Ray starts
@@ -87,13 +91,13 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
         from easyfit.distributed.launchers.ray_train import RayLauncher
         launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,
                                options.max_restarts if method == "fit" else 0, worker_plan)
-        return Plan(method, run, strategy, launcher, precision, True)
+        return Plan(method, run, strategy, launcher, precision, True, fit)
     launcher = strategy.launcher
     if method == "fit":
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)
     elsewhere = launcher is not None and not launcher.rank_zero_in_caller
-    return Plan(method, run, strategy, launcher, precision, elsewhere)
+    return Plan(method, run, strategy, launcher, precision, elsewhere, fit)
 
 
 def worker_plan(plan: Plan, model, options: Any) -> Plan:

@@ -103,3 +103,16 @@ def test_find_batch_size_refuses_by_name_the_options_its_trials_set(name):
     assert name not in inspect.signature(easyfit.Model.find_batch_size).parameters
     with pytest.raises(TypeError, match=f"find_batch_size runs its own short trials; it takes no {name}"):
         model.find_batch_size(torch.randn(8, 2), torch.tensor([0, 1] * 4), max_batch_size=4, **{name: 0})
+
+
+def test_fit_options_are_read_only_and_the_plan_completes_a_copy():
+    from easyfit.distributed.run_options import RunOptions
+    from easyfit.training.fit_options import FitOptions
+    from easyfit.training.plan import plan_call
+    given = FitOptions(callbacks=None, validation_data=[torch.zeros(2, 2), torch.zeros(2)])
+    with pytest.raises(AttributeError, match="fit options are read-only"):
+        given.epochs = 3
+    plan = plan_call(easyfit.Model(torch.nn.Linear(2, 2)), "fit", RunOptions(devices=1), given)
+    assert plan.options.callbacks == [] and isinstance(plan.options.validation_data, tuple)
+    assert plan.options.max_restarts == 0
+    assert given.callbacks is None and isinstance(given.validation_data, list) and given.max_restarts is None

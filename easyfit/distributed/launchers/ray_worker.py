@@ -33,9 +33,10 @@ def run_worker(config: dict) -> None:
         inputs = worker_inputs(inputs)
         options = inputs.get("options")
         if options is not None:   # a fit: its epochs reported to Ray; its checkpoint kept in the run's storage
-            options.callbacks = [*options.callbacks, RayTrainReport()]
-            if options.fault_tolerance is None and config["fault_tolerance"] is not None:
-                options.fault_tolerance = config["fault_tolerance"]
+            given = options.fault_tolerance
+            options = inputs["options"] = options.replace(
+                callbacks=[*options.callbacks, RayTrainReport()],
+                fault_tolerance=config["fault_tolerance"] if given is None else given)
         result = function(worker_plan(plan, model, options), work, model=model, **inputs)
     except BaseException:
         ray.get(box.failed.remote(rank, traceback.format_exc()))
