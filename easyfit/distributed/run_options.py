@@ -12,12 +12,7 @@ from typing import Any, Callable
 
 from easyfit.distributed.launcher_choice import Ray
 from easyfit.parts.precision import parse_precision
-from easyfit.utils.checks import check_non_negative_int, check_positive_int, closest_name
-
-
-def _check_flag(value, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
+from easyfit.utils.checks import check_flag, check_non_negative_int, check_positive_int, closest_name
 
 
 def _check_launcher(value, name: str) -> None:
@@ -56,11 +51,11 @@ OPTIONS: list[RunOption] = [
               _check_precision),
     RunOption("compile", False, "True, a torch.compile mode or a dict of its options: compile the step"),
     RunOption("auto_select_gpus", False, "take the first `devices` GPUs that accept work, not the first ones",
-              _check_flag, placement=True),
+              check_flag, placement=True),
     RunOption("process_group_backend", None, '"nccl", "gloo", ...; None: nccl on CUDA, gloo otherwise',
               placement=True),
     RunOption("num_workers", 0, "DataLoader workers for in-memory data and datasets", check_non_negative_int),
-    RunOption("replace_sampler", True, "give a DataLoader's own sampler each process's share", _check_flag),
+    RunOption("replace_sampler", True, "give a DataLoader's own sampler each process's share", check_flag),
     RunOption("collate_fn", None, "makes a batch of samples of a dataset easyfit batches itself, e.g. transformers' "
               "DataCollatorWithPadding(tokenizer); None: stacked, numbers and lists as tensors"),
 ]

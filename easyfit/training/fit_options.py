@@ -15,6 +15,7 @@ from typing import Any, Callable
 from easyfit.callbacks.base import callback_list
 from easyfit.parts.lr_scaling import lr_multiplier
 from easyfit.utils.checks import (
+    check_flag,
     check_non_negative_int,
     check_positive_int,
     check_positive_number,
@@ -33,11 +34,6 @@ def _positive_or_none(expected: str) -> Callable[[Any, str], None]:
         if value is not None:
             check_positive_int(value, name, expected)
     return check
-
-
-def _check_flag(value, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_initial_epoch(value, name: str) -> None:
@@ -90,7 +86,7 @@ FIT_OPTIONS: list[FitOption] = [
     FitOption("validation_data", None, "`(x_val, y_val)`, `(x_val, y_val, weights)`, a Dataset or a DataLoader",
               convert=validation_tuple),
     FitOption("shuffle", True, "reshuffle the training samples every epoch, as a function of (seed, epoch)",
-              _check_flag),
+              check_flag),
     FitOption("class_weight", None, "{class index: weight} weighing each sample's loss by its class"),
     FitOption("sample_weight", None, "one weight per training sample, for array / tensor `x`"),
     FitOption("initial_epoch", 0, "the epoch to start at, e.g. to continue a previous fit", _check_initial_epoch),

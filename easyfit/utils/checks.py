@@ -38,6 +38,11 @@ def check_non_negative_number(value, name: str, expected: str = "a non-negative 
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
+def check_flag(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def check_not_a_path(data, name: str) -> None:
     """Data given as a file name: easyfit takes arrays, tensors, datasets and loaders, and reads no files."""
     if isinstance(data, (str, bytes, os.PathLike)):
