@@ -75,14 +75,27 @@ for call, arguments in ((Model.fit, {}), (Model.find_lr, {"num_steps": 2}), (Mod
 
 settings, keys = [], []
 configure = compiling.CompiledSteps._cached
-compiling.CompiledSteps._cached = lambda self, key, build: keys.append(key) or configure(self, key, build)
+
+class Keyed(BaseException):   # raised once the programs' key is made: nothing needs compiling to read it
+    pass
+
+def cached(self, key, build):
+    keys.append(key)
+    if key[0] == "programs":
+        raise Keyed
+    return configure(self, key, build)
+
+compiling.CompiledSteps._cached = cached
 from easyfit.distributed.strategies.base import Strategy
 configure_training = Strategy.configure_training
 Strategy.configure_training = lambda self, given: settings.append(given) or configure_training(self, given)
 model = Model(torch.nn.Linear(2, 2), optimizer="sgd")
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    model.fit(x, y, batch_size=4, verbose=0, devices=1, compile=True, fake_fit_option=8)
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(x, y, batch_size=4, verbose=0, devices=1, compile=True, fake_fit_option=8)
+except Keyed:
+    pass
 assert settings[-1].fake_fit_option == 8, settings
 assert settings[-1].step_key() == (("gradient_clip_val", None), ("fake_fit_option", 8))
 programs = [key for key in keys if key[0] == "programs"]
