@@ -17,7 +17,7 @@ import resume_space
 def continued(checks: str, out: Path, draws: int = 0) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "resuming: no callback of this fit takes", RuntimeWarning)
-        results = resume_space.run(checks.split(","), ["single"], 1, str(out), draws=draws, seed=53)
+        results = resume_space.run(dict.fromkeys(checks.split(","), ["single"]), 1, str(out), draws=draws, seed=53)
     assert results
     assert resume_space.differences(results) == []
     return results
