@@ -10,7 +10,7 @@ import torch
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
-from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch
+from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch, reads_ahead_purely
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.item_counts import item_counting
@@ -195,7 +195,7 @@ class Loop:
         if counting is None:
             return None
         target = _known_target(batches)
-        if target is None and self.steps.settings is not None:   # whether whole-step programs may run
+        if target is None and self.steps.settings is not None and reads_ahead_purely(batches):   # may fuse
             target = split_batch(peek_first_batch(batches) or ((),))[1]
         return None if target is not None and not counting.applies(target) else ItemSteps.cached(self, counting)
 
