@@ -32,7 +32,7 @@ from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import ON_RANK as TRAINING_ON_RANK, call_on_rank, fit_callbacks
 from easyfit.training.plan import plan_call
-from easyfit.tuning import batch_size_finder, lr_finder
+from easyfit.tuning import SWEEP_OPTIONS, batch_size_finder
 from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
@@ -221,18 +221,23 @@ class Model(OnBatchCalls):
         return model
 
     @takes_run_options()
-    @takes_fit_options(own=lr_finder.find_lr, leave_out=lr_finder.SWEEP_OPTIONS, verbose=0)
-    def find_lr(self, x=None, y=None, **kwargs):
+    @takes_fit_options(leave_out=SWEEP_OPTIONS, keyword_only=True, verbose=0)
+    def find_lr(self, x=None, y=None, *, start_lr=1e-7, end_lr=10.0, num_steps=200, batch_size=32, smoothing=0.05,
+                divergence=4.0, plot=False, **kwargs):
         """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
         optimizer and RNG are left exactly as before. See easyfit.tuning.lr_finder and docs/api.md."""
-        return lr_finder.find_lr(self, x, y, **kwargs)
+        from easyfit.tuning.lr_finder import find_lr  # on first use: its import is not `import easyfit`'s cost
+        return find_lr(self, x, y, start_lr=start_lr, end_lr=end_lr, num_steps=num_steps, batch_size=batch_size,
+                       smoothing=smoothing, divergence=divergence, plot=plot, **kwargs)
 
     @takes_run_options()
-    @takes_fit_options(own=batch_size_finder.find_batch_size, leave_out=batch_size_finder.TRIAL_OPTIONS)
-    def find_batch_size(self, x=None, y=None, **kwargs) -> int:
+    @takes_fit_options(leave_out=batch_size_finder.TRIAL_OPTIONS, keyword_only=True)
+    def find_batch_size(self, x=None, y=None, *, start=1, max_batch_size=None, max_memory=None, steps=2,
+                        **kwargs) -> int:
         """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
         is left as before. See easyfit.tuning.batch_size_finder and docs/api.md."""
-        return batch_size_finder.find_batch_size(self, x, y, **kwargs)
+        return batch_size_finder.find_batch_size(self, x, y, start=start, max_batch_size=max_batch_size,
+                                                 max_memory=max_memory, steps=steps, **kwargs)
 
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given: also `summary(x)`) and

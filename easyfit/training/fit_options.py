@@ -219,25 +219,21 @@ def documented(options: list[FitOption], defaults: dict) -> str:
     return "\n        Fit options:\n" + "\n".join(lines) + "\n"
 
 
-def takes_fit_options(own: Callable | None = None, leave_out: tuple = (), **defaults) -> Callable:
+def takes_fit_options(leave_out: tuple = (), keyword_only: bool = False, **defaults) -> Callable:
     """Declare that a call takes fit's options through its `*positional` / `**keywords`: its signature and docstring
-    list each (but `leave_out`) with its default (`defaults` overrides some for this call). Without `own` (fit) they
-    keep fit's kinds; with `own` (a finder's function, whose keyword-only arguments come first) every one is
-    keyword-only and `own`'s win on a name."""
+    list each (but `leave_out`, and those the call names itself) with its default (`defaults` overrides some for
+    this call), in fit's kinds, or every one keyword-only (`keyword_only`: the finders)."""
     def decorate(function: Callable) -> Callable:
         kept = [p for p in inspect.signature(function).parameters.values()
                 if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-        extra = [] if own is None else [p for p in inspect.signature(own).parameters.values()
-                                        if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        taken = {p.name for p in kept + extra}
-        options = [option for option in FIT_OPTIONS if option.name not in set(leave_out) | taken]
+        options = [option for option in FIT_OPTIONS if option.name not in set(leave_out) | {p.name for p in kept}]
         positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        kinds = {option.name: inspect.Parameter.KEYWORD_ONLY if option.keyword_only or own is not None else positional
+        kinds = {option.name: inspect.Parameter.KEYWORD_ONLY if option.keyword_only or keyword_only else positional
                  for option in options}
         ordered = sorted(options, key=lambda option: kinds[option.name] is not positional)   # stable: rows' order
         values = {option.name: defaults.get(option.name, option.default) for option in options}
-        parameters = kept + extra + [inspect.Parameter(option.name, kinds[option.name], default=values[option.name])
-                                     for option in ordered]
+        parameters = kept + [inspect.Parameter(option.name, kinds[option.name], default=values[option.name])
+                             for option in ordered]
         function.__signature__ = inspect.signature(function).replace(parameters=parameters)
         function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + documented(options, values)
         return function

@@ -158,9 +158,9 @@ def _default_budget(strategy) -> int:
     return budget
 
 
-def find_batch_size(model, x, y=None, *, start: int = 1, max_batch_size: int | None = None,
-                    max_memory: int | None = None, steps: int = 2, **kwargs) -> int:
-    """See Model.find_batch_size."""
+def find_batch_size(model, x, y, *, start: int, max_batch_size: int | None, max_memory: int | None, steps: int,
+                    **kwargs) -> int:
+    """See Model.find_batch_size (its defaults)."""
     run_kwargs = {key: value for key, value in kwargs.items() if key in option_names()}
     options = {key: value for key, value in kwargs.items() if key not in run_kwargs}
     limit = check_search(x, start, max_batch_size, max_memory, steps, options, run_kwargs.get("accelerator"))

@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from easyfit.callbacks.base import Callback, callback_list
+from easyfit.tuning import SWEEP_OPTIONS
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int, check_positive_number
-
-#: fit options the sweep sets itself
-SWEEP_OPTIONS = ("epochs", "steps_per_epoch", "validation_data", "validation_split", "resume_from")
 
 
 @dataclass
@@ -99,10 +97,9 @@ def suggest_lr(lrs: list[float], losses: list[float], skip_start: int = 5) -> fl
     return min(10 ** descent[steepest + 1][0], 10 ** points[lowest][0] / 10)
 
 
-def find_lr(model, x, y=None, *, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 200,
-            batch_size: int = 32, smoothing: float = 0.05, divergence: float = 4.0, plot=False,
-            **fit_options) -> LRFinderResult:
-    """The learning-rate range test on (x, y); see Model.find_lr."""
+def find_lr(model, x, y, *, start_lr: float, end_lr: float, num_steps: int, batch_size: int, smoothing: float,
+            divergence: float, plot, **fit_options) -> LRFinderResult:
+    """The learning-rate range test on (x, y); see Model.find_lr (its defaults)."""
     check_positive_number(start_lr, "start_lr", "a positive learning rate")
     check_positive_number(end_lr, "end_lr", "a positive learning rate")
     if end_lr <= start_lr:
