@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
@@ -329,21 +329,6 @@ def _shard_loader(loader: DataLoader, strategy, train: bool, replace_sampler: bo
                       pin_memory=loader.pin_memory, drop_last=loader.drop_last,
                       persistent_workers=loader.persistent_workers, worker_init_fn=loader.worker_init_fn,
                       timeout=loader.timeout, prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
-
-
-#: the collate functions that keep no state between calls
-STATELESS_COLLATES = (default_collate, collate_samples)
-
-
-def reads_ahead_purely(batches) -> bool:
-    """Whether `peek_first_batch` reads `batches` without calling a function of the user's that may keep state
-    between calls (a collate_fn of their own, whose next batch may then differ): in-memory data, a list of batches,
-    or a DataLoader with torch's or easyfit's own collation."""
-    while isinstance(batches, WrappedBatches) and not batches.weighted:
-        batches = batches.batches
-    if not isinstance(batches, LoaderBatches) or not isinstance(batches.loader, DataLoader):
-        return True
-    return batches.loader.collate_fn in STATELESS_COLLATES
 
 
 def peek_first_batch(batches) -> Any:

@@ -64,7 +64,8 @@ def check_picklable(named: dict[str, Any]) -> None:
         found = find_unpicklable(obj, name)
         if found is not None:
             path, value = found
-            path = path.replace("model.", "", 1) if path.startswith("model.") else path   # the Model's own parts
+            for own in ("model.", "plan."):   # the Model's own parts, the call's options
+                path = path.replace(own, "", 1) if path.startswith(own) else path
             raise TypeError(
                 f"strategy='ddp_spawn' must pickle everything it sends to the new processes, and this cannot be "
                 f"pickled: {path}: {describe(value)}. Replace it with something picklable (a def at module level "

@@ -10,7 +10,7 @@ import torch
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
-from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch, reads_ahead_purely
+from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.item_counts import item_counting
@@ -190,12 +190,12 @@ class Loop:
 
     def _item_steps(self, batches) -> ItemSteps | None:
         """The steps of a loss over counted items (easyfit.training.item_windows); None where the loss is a per-batch
-        mean, or the targets of in-memory data (under compile=, of the first batch) are not counted."""
+        mean, or the targets of the first batch (in memory, or read ahead) are not counted."""
         counting = item_counting(self.loss_fn, self.net) if self.strategy.counts_items else None
         if counting is None:
             return None
         target = _known_target(batches)
-        if target is None and self.steps.settings is not None and reads_ahead_purely(batches):   # may fuse
+        if target is None:   # read ahead with or without compile=, so both fits see the same batches after it
             target = split_batch(peek_first_batch(batches) or ((),))[1]
         return None if target is not None and not counting.applies(target) else ItemSteps.cached(self, counting)
 

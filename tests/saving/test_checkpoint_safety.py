@@ -297,7 +297,7 @@ def test_model_save_after_fit_holds_the_device_random_state_as_modelcheckpoint_d
     strategy = DeviceRngStrategy()
     model = easyfit.Model(make_net(), "cross_entropy", "sgd")
     model.fit(x, y, epochs=1, verbose=0, strategy=strategy, callbacks=[ModelCheckpoint(str(tmp_path / "during.pt"))])
-    strategy.seed = 99   # the device generator moved on after the fit
+    model.strategy.seed = 99   # the device generator of the strategy the fit ran (a copy of the one given) moved on
     model.save(tmp_path / "after.pt")
     assert torch.load(tmp_path / "during.pt", weights_only=True)["xla_rng"] == 1234
     assert torch.load(tmp_path / "after.pt", weights_only=True)["xla_rng"] == 99

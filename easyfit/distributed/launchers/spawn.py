@@ -12,6 +12,7 @@ No rank outlives its caller: a rank ends when its parent (the caller's thread, o
 server when its caller does (Linux: `lifetime`, `fork_server`), and SIGTERM of the caller stops the ranks first."""
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
 import pickle
@@ -53,6 +54,12 @@ TERMINATE_GRACE_SECONDS = 3.0
 RANK_GRACE_SECONDS = 1.0
 
 
+def positional_names(function: Callable, args: tuple) -> dict[str, Any]:
+    """`args` by the names of `function`'s parameters (`plan`, `work`, ...), for messages about them."""
+    names = list(inspect.signature(function).parameters)
+    return {names[index] if index < len(names) else f"args[{index}]": arg for index, arg in enumerate(args)}
+
+
 class ProcessLauncher(Launcher):
     """Runs the function in N new processes (spawn or fork); the caller gets rank 0's return value."""
 
@@ -72,7 +79,7 @@ class ProcessLauncher(Launcher):
             try:
                 work = pickle.dumps(work)
             except Exception:
-                check_picklable({"function": function, **{f"args[{i}]": arg for i, arg in enumerate(args)}, **kwargs})
+                check_picklable({"function": function, **positional_names(function, args), **kwargs})
                 raise
         exchange_dir = exchange_directory("spawn")
         try:
