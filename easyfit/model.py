@@ -308,6 +308,7 @@ class Model(OnBatchCalls):
         self._input_example = state.pop("input_example")
         if method == "fit":   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
+            model_state.restore_random_states(self, state)   # the next call continues where rank 0's draws ended
             options = inputs["options"]
             fit_callbacks(self, options, is_global_zero=True).load_state_dict(state["callbacks"])
             restore_callback_attributes(options.callbacks, state["callback_attributes"])

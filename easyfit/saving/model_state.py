@@ -61,11 +61,16 @@ def restore(model, state: dict, training: bool = False) -> None:
         model._precision.load_state_dict(state["scaler"])
         model._callbacks.load_state_dict(state["callbacks"])
         model.position = EpochPosition.from_state(state.get("position"), model.strategy, model.metrics)
-        torch.set_rng_state(state["rng"].cpu())
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(device_state.cpu(), index)
-        model.strategy.load_device_rng_state(state)
+        restore_random_states(model, state)
+
+
+def restore_random_states(model, state: dict) -> None:
+    """torch's CPU and CUDA generators and the strategy's device generator, as `state` (`random_states`) holds them."""
+    torch.set_rng_state(state["rng"].cpu())
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        for index, device_state in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state.cpu(), index)
+    model.strategy.load_device_rng_state(state)
 
 
 class Snapshot:
