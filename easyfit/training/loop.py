@@ -190,12 +190,12 @@ class Loop:
 
     def _item_steps(self, batches) -> ItemSteps | None:
         """The steps of a loss over counted items (easyfit.training.item_windows); None where the loss is a per-batch
-        mean, or the targets of the first batch (in memory, or read ahead) are not counted."""
+        mean, or the targets of in-memory data (under compile=, of the first batch read ahead) are not counted."""
         counting = item_counting(self.loss_fn, self.net) if self.strategy.counts_items else None
         if counting is None:
             return None
         target = _known_target(batches)
-        if target is None:   # read ahead with or without compile=, so both fits see the same batches after it
+        if target is None and self.steps.settings is not None:   # whether whole-step programs may run
             target = split_batch(peek_first_batch(batches) or ((),))[1]
         return None if target is not None and not counting.applies(target) else ItemSteps.cached(self, counting)
 
