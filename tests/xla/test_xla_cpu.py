@@ -156,7 +156,9 @@ def test_auto_on_tpu_and_a_strategy_object_are_xla():
     strategy = connect(accelerator="tpu", devices=1)
     assert strategy.name == "xla" and strategy.launcher is None
     given = easyfit.strategies.XLA()
-    assert connect(strategy=given, devices=1) is given and given.launcher is None
+    configured = connect(strategy=given, devices=1)
+    # the call configures a copy: the user's object stays as made, ready for another call
+    assert type(configured) is type(given) and configured is not given and configured.launcher is None
     assert type(connect(strategy=easyfit.strategies.XLA(), devices=-1).launcher).__name__ == "XLALauncher"
 
 
