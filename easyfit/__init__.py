@@ -1,9 +1,8 @@
 """easyfit: Keras-style fit / evaluate / predict for any torch.nn.Module, from one CPU to many GPUs."""
 import os
 
-from easyfit import callbacks, strategies
+from easyfit import callbacks, launchers, strategies
 from easyfit.callbacks.history import History
-from easyfit.distributed import launcher_choice as launchers
 from easyfit.distributed.launch import launch
 from easyfit.model import Model
 

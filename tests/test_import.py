@@ -82,3 +82,10 @@ def test_the_public_paths_of_moved_modules_work():
     help_text = subprocess.run([sys.executable, "-m", "easyfit.checkpoint_convert", "--help"], capture_output=True,
                                text=True, check=True, timeout=120).stdout
     assert "python -m easyfit.checkpoint_convert" in help_text
+
+
+def test_the_launcher_options_import_by_their_public_path_without_ray():
+    code = ("import sys\nfrom easyfit.launchers import Ray\nimport easyfit\n"
+            "assert Ray is easyfit.launchers.Ray and Ray(num_workers=2).num_workers == 2\n"
+            "assert not any(name == 'ray' or name.startswith('ray.') for name in sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,4 +1,4 @@
-"""The values of the `launcher=` run option (who starts the ranks of a call), public as `easyfit.launchers`:
+"""The values of the `launcher=` run option (who starts the ranks of a call), public through `easyfit.launchers`:
 "auto" (easyfit's own choice: the script re-run, spawn / fork, or the launcher that started this process), "ray",
 or `Ray(...)` with Ray Train's options. Nothing here imports Ray."""
 from __future__ import annotations
