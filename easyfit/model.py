@@ -26,20 +26,20 @@ from easyfit.saving import model_state, net_weights
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
+from easyfit.training.call_kind import CallKind
 from easyfit.training.compiling import CompiledSteps
 from easyfit.training.fit_options import FitOptions, takes_fit_options
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
-from easyfit.training.on_rank import ON_RANK as TRAINING_ON_RANK, call_on_rank, fit_callbacks
-from easyfit.training.plan import plan_call
+from easyfit.training.on_rank import EVALUATE, FIT, PREDICT, call_on_rank, fit_callbacks
+from easyfit.training.plan import LoopOptions, plan_call
 from easyfit.tuning import SWEEP_OPTIONS, batch_size_finder
-from easyfit.utils.checks import check_model_arguments, check_positive_int, check_verbose
+from easyfit.utils.checks import check_model_arguments
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
 
 #: what a call runs on each rank, by the call's name
-ON_RANK = {**TRAINING_ON_RANK, "find_batch_size": batch_size_finder.search_on_rank}
 
 
 class Model(OnBatchCalls):
@@ -126,7 +126,7 @@ class Model(OnBatchCalls):
         """
         options, run_options = FitOptions.given(positional, keywords)
         run = RunOptions.given(run_options, "Model.fit")
-        history = self._dispatch("fit", run, x=x, y=y, options=options)
+        history = self._dispatch(FIT, run, x, y, options)
         self.net.eval()   # calling the net now runs inference, as predict does
         fit_returned(callback_list(options.callbacks))   # outside every launcher: OptunaPruning raises TrialPruned
         return history
@@ -144,10 +144,7 @@ class Model(OnBatchCalls):
             return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
         """
         run = RunOptions.given(run_options, "Model.evaluate")
-        check_positive_int(batch_size, "batch_size")
-        check_verbose(verbose)
-        logs = self._dispatch("evaluate", run, x=x, y=y, batch_size=batch_size, verbose=verbose,
-                              callbacks=callback_list(callbacks))
+        logs = self._dispatch(EVALUATE, run, x, y, LoopOptions(batch_size, verbose, callback_list(callbacks)))
         return scores_result(logs, self.metrics.names, return_dict)
 
     @takes_run_options()
@@ -162,10 +159,7 @@ class Model(OnBatchCalls):
             callbacks: Callback objects whose predict hooks run (default none).
         """
         run = RunOptions.given(run_options, "Model.predict")
-        check_positive_int(batch_size, "batch_size")
-        check_verbose(verbose)
-        outputs = self._dispatch("predict", run, x=x, y=None, batch_size=batch_size, verbose=verbose,
-                                 callbacks=callback_list(callbacks))
+        outputs = self._dispatch(PREDICT, run, x, None, LoopOptions(batch_size, verbose, callback_list(callbacks)))
         return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
 
     @property
@@ -293,23 +287,22 @@ class Model(OnBatchCalls):
         model_state.restore(self, state, training)
 
     # --- running in one or many processes -----------------------------------------------
-    def _dispatch(self, method: str, run: RunOptions, **inputs):
-        """Run the call `method` ("fit", "evaluate", ...: ON_RANK) by its plan: in this process or, through the
-        plan's launcher, in every rank."""
-        plan = plan_call(self, method, run, inputs.get("options"))
-        if plan.options is not None:
-            inputs["options"] = plan.options   # fit's, checked and completed
+    def _dispatch(self, kind: CallKind, run: RunOptions, x, y, options):
+        """Run a call of `kind` (FIT, EVALUATE, ...) by its plan: in this process or, through the plan's launcher,
+        in every rank."""
+        plan = plan_call(self, kind, run, options)
+        inputs = {"x": x, "y": y, "options": plan.options}   # the options checked and completed
         if plan.launcher is None:
-            return call_on_rank(plan, ON_RANK[method], model=self, **inputs)[0]
-        result, state = plan.launcher.launch(call_on_rank, plan, ON_RANK[method], model=self, **inputs)
+            return call_on_rank(plan, model=self, **inputs)[0]
+        result, state = plan.launcher.launch(call_on_rank, plan, model=self, **inputs)
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back
         self._input_example = state.pop("input_example")
-        if method == "fit":   # the ranks trained copies: bring rank 0's state into the caller's objects
+        if kind.trains:   # the ranks trained copies: bring rank 0's state into the caller's objects
             self.restore(state)
             model_state.restore_random_states(self, state)   # the next call continues where rank 0's draws ended
-            options = inputs["options"]
+            options = plan.options
             fit_callbacks(self, options, is_global_zero=True).load_state_dict(state["callbacks"])
             restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history

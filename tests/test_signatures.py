@@ -72,17 +72,18 @@ for module in (on_batch, launch):   # the calls are made again, as in a fresh in
     importlib.reload(module)
 from easyfit import model as model_module
 importlib.reload(model_module)
-from easyfit.training.plan import plan_call
+from easyfit.training.on_rank import EVALUATE
+from easyfit.training.plan import LoopOptions, plan_call
 calls = [getattr(model_module.Model, name) for name in ("fit", "evaluate", "predict", "train_on_batch",
                                                          "test_on_batch", "predict_on_batch")] + [launch.launch]
 for call in calls:
     assert inspect.signature(call).parameters["fake_option"].default == 7, call
     assert "fake_option: a made-up option (default 7)" in inspect.getdoc(call), call
 model = model_module.Model(torch.nn.Linear(2, 2))
-plan = plan_call(model, "evaluate", run_options.RunOptions(fake_option=8))
+plan = plan_call(model, EVALUATE, run_options.RunOptions(fake_option=8), LoopOptions(32, 0, None))
 assert plan.run.fake_option == 8 and plan.strategy.name == "single"
 captured = {}
-model._dispatch = lambda method, run, **inputs: captured.setdefault("run", run)
+model._dispatch = lambda kind, run, *inputs: captured.setdefault("run", run)
 model.predict(torch.zeros(1, 2), fake_option=9)
 assert captured["run"].fake_option == 9
 print("found everywhere")

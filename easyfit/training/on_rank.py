@@ -3,7 +3,7 @@ set up the training objects, run the loop, and hand the trained state back. `Mod
 process or through the strategy's launcher in every rank; the functions take the Model they run for."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,30 +23,31 @@ from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
 from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
+from easyfit.training.call_kind import CallKind
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.fit_options import FitOptions, TrainingSettings
 from easyfit.training.loop import Loop, TrainingObjects
-from easyfit.training.plan import Plan
+from easyfit.training.plan import LoopOptions, Plan, check_fit_call, check_loop_call
 
 
-def call_on_rank(plan: Plan, work: Callable, model, **inputs) -> tuple[Any, dict | None]:
-    """The body every rank runs for a call: `work(model, run options, **inputs)` (`ON_RANK[plan.method]`) under the
+def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
+    """What every rank runs for a call: its kind's body, `plan.kind.on_rank(model, run options, **inputs)`, under the
     plan's strategy; (its result, the state rank 0 hands back to a caller in another process, or None)."""
-    strategy, method = plan.strategy, plan.method
+    strategy, kind = plan.strategy, plan.kind
     strategy.setup_environment()
     model.strategy = strategy
     if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
         model._identity = (strategy.global_rank, strategy.world_size)
     model._precision = strategy.precision_plugin(model._precision, plan.precision)
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
-    say = print if method == "fit" and inputs["options"].verbose and strategy.is_global_zero else None
+    say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:
         with recorded_warnings(returns_state) as caught, model.compiled_steps.running(plan.run.compile, strategy, say):
-            result = work(model, plan.run, **inputs)
+            result = kind.on_rank(model, plan.run, **inputs)
         if not returns_state:
             return result, None
         returned = {"warnings": caught, "input_example": model._input_example}   # what model.export traces with
-        if method != "fit":
+        if not kind.trains:
             return result, returned
         # a History refers to the whole Model: the caller rebuilds its own from the state instead
         return None, {**model.checkpoint_state(), **returned,
@@ -192,18 +193,18 @@ def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = Fa
     return targets_in_forward(batches, model.net, model.loss_fn) if targets else batches
 
 
-def evaluate_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks) -> dict:
-    batches = call_batches(model, run, x, y, batch_size)
-    loop = eval_loop(model, verbose, callbacks)
+def evaluate_on_rank(model, run: RunOptions, x, y, options: LoopOptions) -> dict:
+    batches = call_batches(model, run, x, y, options.batch_size)
+    loop = eval_loop(model, options.verbose, options.callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches,
                                         "the evaluation data")
     return loop.evaluate(batches)
 
 
-def predict_on_rank(model, run: RunOptions, x, y, batch_size: int, verbose: int, callbacks):
+def predict_on_rank(model, run: RunOptions, x, y, options: LoopOptions):
     strategy = model.strategy
-    batches = call_batches(model, run, x, y, batch_size, targets=False, inputs_only=True)
-    loop = eval_loop(model, verbose, callbacks)
+    batches = call_batches(model, run, x, y, options.batch_size, targets=False, inputs_only=True)
+    loop = eval_loop(model, options.verbose, options.callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches, "the data",
                                         targets=False)
     outputs = loop.predict(batches)
@@ -225,6 +226,6 @@ def _as_pair(validation_data) -> tuple:
     return validation_data, None
 
 
-
-#: what each rank runs for a call, by the call's name (Model adds the finders')
-ON_RANK = {"fit": fit_on_rank, "evaluate": evaluate_on_rank, "predict": predict_on_rank}
+FIT = CallKind("fit", fit_on_rank, check_fit_call, trains=True)
+EVALUATE = CallKind("evaluate", evaluate_on_rank, check_loop_call)
+PREDICT = CallKind("predict", predict_on_rank, check_loop_call)

@@ -17,8 +17,10 @@ from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategy_parts.construction import check_built_sharded
 from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import parse_precision
+from easyfit.training.call_kind import CallKind
 from easyfit.training.compiling import check_compile
 from easyfit.training.fit_options import FitOptions
+from easyfit.utils.checks import check_positive_int, check_verbose
 
 
 def check_fit_options(options: FitOptions, loss_fn=None) -> FitOptions:
@@ -27,6 +29,27 @@ def check_fit_options(options: FitOptions, loss_fn=None) -> FitOptions:
     easyfit uses (the forms Keras accepts brought to them)."""
     options = options.checked()
     check_validation_and_weights(options, loss_fn)
+    return options
+
+
+def check_fit_call(model, options: FitOptions) -> FitOptions:
+    """fit's options checked against each other and the Model's loss, with launch()'s default number of restarts."""
+    options = check_fit_options(options, model.loss_fn)
+    return options.replace(max_restarts=max_restarts_for(options.max_restarts))
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """The options of an evaluate or predict call: samples per batch and process, the display, the callbacks."""
+    batch_size: int
+    verbose: int
+    callbacks: Any
+
+
+def check_loop_call(model, options: LoopOptions) -> LoopOptions:
+    """evaluate's and predict's options in range."""
+    check_positive_int(options.batch_size, "batch_size")
+    check_verbose(options.verbose)
     return options
 
 
@@ -45,40 +68,38 @@ def check_validation_and_weights(options: FitOptions, loss_fn) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one fit / evaluate / predict call runs: `method` on `strategy`, its ranks started by `launcher` (None: in
-    this process, or the ranks exist already), in `precision`."""
-    method: str
+    """What one call of `kind` runs: on `strategy`, its ranks started by `launcher` (None: in this process, or the
+    ranks exist already), in `precision`."""
+    kind: CallKind
     run: RunOptions
     strategy: Strategy
     launcher: Launcher | None
     precision: str
     #: global rank 0 runs in another process than the caller, so it sends its results and state back
     rank_zero_elsewhere: bool
-    #: fit's options, checked and completed (None for the other calls)
-    options: FitOptions | None = None
+    #: the call's options, checked and completed (`kind.check`)
+    options: Any = None
 
     def __getstate__(self) -> dict:
         """A copy sent to a spawned rank leaves the caller's launcher behind."""
         return {**self.__dict__, "launcher": None}
 
 
-def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
-    """The plan of `model.<method>(...)` with these run options (and fit's `options`, checked and completed here);
+def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Plan:
+    """The plan of a call of `kind` with these run options (and the call's `options`, checked and completed here);
     raises on what cannot run."""
-    if method == "fit":
-        options = check_fit_options(options, model.loss_fn)
-        options = options.replace(max_restarts=max_restarts_for(options.max_restarts))   # launch()'s default
-    fit = options if method == "fit" else None
+    if kind.check is not None:
+        options = kind.check(model, options)
     on_ray = ray_options(run.launcher)
     placement = run.placement()
     if on_ray is not None:   # the workers resolve the nodes and their devices; here every check before Ray starts
-        check_ray_call(method, run.strategy.name if isinstance(run.strategy, Strategy) else
+        check_ray_call(kind.name, run.strategy.name if isinstance(run.strategy, Strategy) else
                        strategy_name(run.strategy))
         placement = {**placement, "num_nodes": 1, "strategy": _checked_here(run.strategy),
                      "accelerator": _accelerator_here(run.accelerator)}
-    strategy = connect(training_memory=estimate(model.net, model.optimizer) if method == "fit" else None,
+    strategy = connect(training_memory=estimate(model.net, model.optimizer) if kind.trains else None,
                        ranks_elsewhere=on_ray is not None, **placement)
-    check_built_sharded(model.net, method, strategy.trains_built_sharded)
+    check_built_sharded(model.net, kind.trains, strategy.trains_built_sharded)
     precision = parse_precision(run.precision or model.precision.name)
     strategy.check_precision(precision)
     strategy.check_net(model.net)
@@ -86,25 +107,25 @@ def plan_call(model, method: str, run: RunOptions, options: Any = None) -> Plan:
         raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
                          f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
                          "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
-    check_compile(run.compile, strategy, options)
+    check_compile(run.compile, strategy, options if kind.trains else None)
     if on_ray is not None:
         from easyfit.distributed.launchers.ray_train import RayLauncher
         launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,
-                               options.max_restarts if method == "fit" else 0, worker_plan)
-        return Plan(method, run, strategy, launcher, precision, True, fit)
+                               options.max_restarts if kind.trains else 0, worker_plan)
+        return Plan(kind, run, strategy, launcher, precision, True, options)
     launcher = strategy.launcher
-    if method == "fit":
+    if kind.trains:
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)
     elsewhere = launcher is not None and not launcher.rank_zero_in_caller
-    return Plan(method, run, strategy, launcher, precision, elsewhere, fit)
+    return Plan(kind, run, strategy, launcher, precision, elsewhere, options)
 
 
 def worker_plan(plan: Plan, model, options: Any) -> Plan:
     """The plan of a call in a worker of launcher="ray": made again there, where Ray's worker context is the launch
     environment (as torchrun's would be), on the devices of the workers Ray placed on this node; rank 0 hands its
     result and state back to the caller."""
-    planned = plan_call(model, plan.method, plan.run.replace(launcher="auto", devices="auto"), options)
+    planned = plan_call(model, plan.kind, plan.run.replace(launcher="auto", devices="auto"), options)
     return replace(planned, launcher=None, rank_zero_elsewhere=True)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -20,6 +21,7 @@ from easyfit.data.batches import check_not_empty
 from easyfit.distributed.run_options import RunOptions, option_names, refuse_unknown
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.saving.model_state import kept
+from easyfit.training.call_kind import CallKind
 from easyfit.training.fit_options import fit_option_names
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
@@ -115,9 +117,19 @@ def _sample_count(x) -> int:
     return sample_count(x)
 
 
-def search_on_rank(model, run: RunOptions, x, y, start: int, limit: int, max_memory: int | None, steps: int,
-                      options: dict) -> int:
+@dataclass(frozen=True)
+class Search:
+    """A search's bounds (checked by `find_batch_size`), its trials' steps and the fit options they train with."""
+    start: int
+    limit: int
+    max_memory: int | None
+    steps: int
+    fit_options: dict
+
+
+def search_on_rank(model, run: RunOptions, x, y, options: Search) -> int:
     """On this rank: the search on its own device, then the smallest answer of all ranks."""
+    start, limit, max_memory, steps = options.start, options.limit, options.max_memory, options.steps
     strategy = model.strategy
     device = strategy.root_device
     memory, samples = PeakMemory(device), _sample_count(x)
@@ -131,7 +143,7 @@ def search_on_rank(model, run: RunOptions, x, y, start: int, limit: int, max_mem
             with undone_afterwards(model):
                 model.fit(x, y, epochs=1, batch_size=batch_size, steps_per_epoch=min(steps, -(-samples // batch_size)),
                           shuffle=False, verbose=0, lr_scaling=None, strategy=SingleDeviceStrategy(device), devices=1,
-                          accelerator=device.type, precision=run.precision, **options)
+                          accelerator=device.type, precision=run.precision, **options.fit_options)
         except Exception as error:   # anything but running out of memory is raised again
             if not is_out_of_memory(error):
                 raise
@@ -146,6 +158,9 @@ def search_on_rank(model, run: RunOptions, x, y, start: int, limit: int, max_mem
     with kept(model, ("strategy",)):   # the trials run under a one-device strategy of their own
         answer = largest_that_trains(trains, start, limit)
     return int(strategy.reduce(torch.tensor([answer], device=device), "min").item())
+
+
+FIND_BATCH_SIZE = CallKind("find_batch_size", search_on_rank)
 
 
 def _default_budget(strategy) -> int:
@@ -172,5 +187,4 @@ def find_batch_size(model, x, y, *, start: int, max_batch_size: int | None, max_
                          "cannot be read here (Linux's /proc) to choose a budget: give find_batch_size max_memory "
                          "(bytes of peak memory per process) or max_batch_size")
     run = RunOptions(**run_kwargs)
-    return model._dispatch("find_batch_size", run, x=x, y=y, start=start, limit=limit,
-                           max_memory=max_memory, steps=steps, options=options)
+    return model._dispatch(FIND_BATCH_SIZE, run, x, y, Search(start, limit, max_memory, steps, options))

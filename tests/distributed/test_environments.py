@@ -22,7 +22,9 @@ from easyfit.distributed.environments import (
 from easyfit.distributed.environments.slurm import SLURMEnvironment, expand_nodelist
 from easyfit.distributed.launchers import RelaunchedRankLauncher
 from easyfit.distributed.run_options import RunOptions
-from easyfit.training.plan import plan_call
+from easyfit.training.on_rank import EVALUATE, PREDICT
+from easyfit.training.plan import LoopOptions, plan_call
+from easyfit.tuning.batch_size_finder import FIND_BATCH_SIZE
 
 PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "HOROVOD_", "TORCHELASTIC_", "EASYFIT_", "RAY_")
 NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
@@ -357,10 +359,11 @@ def test_launcher_ray_is_planned_before_ray_starts_from_a_notebook_and_a_cpu_hea
     monkeypatch.setattr("sys.ps1", ">>> ", raising=False)   # a notebook or REPL: ddp could not re-run it
     model = easyfit.Model(torch.nn.Linear(4, 1), loss="mse")
     run = RunOptions(devices=2, num_nodes=3, strategy="ddp", accelerator="gpu", launcher="ray")
-    plan = plan_call(model, "evaluate", run)
+    options = LoopOptions(batch_size=32, verbose=0, callbacks=None)
+    plan = plan_call(model, EVALUATE, run, options)
     assert plan.rank_zero_elsewhere and plan.launcher.num_workers == 6 and plan.launcher.accelerator == "gpu"
     assert plan.strategy.num_nodes == 1   # the workers resolve the nodes; the caller only checks
-    sized = plan_call(model, "predict", run.replace(launcher=easyfit.launchers.Ray(num_workers=5)))
+    sized = plan_call(model, PREDICT, run.replace(launcher=easyfit.launchers.Ray(num_workers=5)), options)
     assert sized.launcher.num_workers == 5
     with pytest.raises(ValueError, match="launcher='ray' runs fit, evaluate and predict"):
-        plan_call(model, "find_batch_size", run)
+        plan_call(model, FIND_BATCH_SIZE, run)

@@ -30,7 +30,7 @@ def test_fit_keeps_the_order_and_kinds_of_its_arguments():
 
 def test_positional_options_bind_in_order_and_a_second_value_is_refused():
     model, seen = easyfit.Model(torch.nn.Linear(2, 2)), {}
-    model._dispatch = lambda method, run, **inputs: seen.update(inputs)
+    model._dispatch = lambda kind, run, x, y, options: seen.update(options=options)
     x, y = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
     model.fit(x, y, 2, 3, 0, [], gradient_accumulation_steps=2, devices=1)
     options = seen["options"]
@@ -121,11 +121,12 @@ def test_find_batch_size_refuses_by_name_the_options_its_trials_set(name):
 def test_fit_options_are_read_only_and_the_plan_completes_a_copy():
     from easyfit.distributed.run_options import RunOptions
     from easyfit.training.fit_options import FitOptions
+    from easyfit.training.on_rank import FIT
     from easyfit.training.plan import plan_call
     given = FitOptions(callbacks=None, validation_data=[torch.zeros(2, 2), torch.zeros(2)])
     with pytest.raises(AttributeError, match="fit options are read-only"):
         given.epochs = 3
-    plan = plan_call(easyfit.Model(torch.nn.Linear(2, 2)), "fit", RunOptions(devices=1), given)
+    plan = plan_call(easyfit.Model(torch.nn.Linear(2, 2)), FIT, RunOptions(devices=1), given)
     assert plan.options.callbacks == [] and isinstance(plan.options.validation_data, tuple)
     assert plan.options.max_restarts == 0
     assert given.callbacks is None and isinstance(given.validation_data, list) and given.max_restarts is None

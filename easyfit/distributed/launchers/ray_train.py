@@ -39,7 +39,7 @@ class RayLauncher(Launcher):
         self.placement = "SPREAD" if num_nodes > 1 else "PACK"
         self.worker_plan = worker_plan
 
-    def launch(self, function: Callable, plan, work, model=None, **inputs) -> Any:
+    def launch(self, function: Callable, plan, model=None, **inputs) -> Any:
         ray = import_ray()
         from ray import cloudpickle
         from ray.train import FailureConfig, RunConfig, ScalingConfig, WorkerGroupError
@@ -51,8 +51,8 @@ class RayLauncher(Launcher):
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
         check_cluster_fits(self.num_workers, resources, ray.cluster_resources())
         inputs, datasets, dataset_config = hand_to_ray(inputs, self.num_workers)
-        name = f"easyfit-{plan.method}-{uuid.uuid4().hex[:12]}"
-        payload = ray.put((function, plan, work, model, inputs, self.worker_plan))   # read by every worker
+        name = f"easyfit-{plan.kind.name}-{uuid.uuid4().hex[:12]}"
+        payload = ray.put((function, plan, model, inputs, self.worker_plan))   # read by every worker
         box = mailbox(ray)
         config = dict(zip(CONFIG_KEYS, (payload, box, name, self._fault_tolerance_folder(name))))
         trainer = TorchTrainer(

@@ -29,15 +29,15 @@ def run_worker(config: dict) -> None:
         os.environ.update({RAY_LAUNCHED_VARIABLE: "1", RUN_ID_VARIABLE: config["run_name"]})
         if rank == 0:   # rank 0 decides the restart for all (easyfit.distributed.fault_tolerance)
             os.environ[RESTART_COUNT_VARIABLE] = str(ray.get(box.attempt.remote()))
-        function, plan, work, model, inputs, worker_plan = ray.get(config["payload"])
+        function, plan, model, inputs, worker_plan = ray.get(config["payload"])
         inputs = worker_inputs(inputs)
-        options = inputs.get("options")
-        if options is not None:   # a fit: its epochs reported to Ray; its checkpoint kept in the run's storage
+        options = inputs["options"]
+        if plan.kind.trains:   # its epochs reported to Ray; its checkpoint kept in the run's storage
             given = options.fault_tolerance
             options = inputs["options"] = options.replace(
                 callbacks=[*options.callbacks, RayTrainReport()],
                 fault_tolerance=config["fault_tolerance"] if given is None else given)
-        result = function(worker_plan(plan, model, options), work, model=model, **inputs)
+        result = function(worker_plan(plan, model, options), model=model, **inputs)
     except BaseException:
         ray.get(box.failed.remote(rank, traceback.format_exc()))
         raise

@@ -55,7 +55,7 @@ RANK_GRACE_SECONDS = 1.0
 
 
 def positional_names(function: Callable, args: tuple) -> dict[str, Any]:
-    """`args` by the names of `function`'s parameters (`plan`, `work`, ...), for messages about them."""
+    """`args` by the names of `function`'s parameters (`plan`, ...), for messages about them."""
     names = list(inspect.signature(function).parameters)
     return {names[index] if index < len(names) else f"args[{index}]": arg for index, arg in enumerate(args)}
 

@@ -12,7 +12,6 @@ META = "meta"
 ZERO3 = "zero3"
 HOLDS = {META: "its parameters are on the meta device", ZERO3: "each rank holds a DeepSpeed ZeRO-3 partition of it"}
 BUILT_BY = {META: "strategy 'fsdp' / 'fsdp_cpu_offload'", ZERO3: "a DeepSpeed stage 3 strategy"}
-FIT = "fit"
 
 
 def built_sharded(net: torch.nn.Module) -> str | None:
@@ -32,19 +31,19 @@ def no_weights(kind: str, action: str) -> ValueError:
         "for a net too big to gather) and load the file into a plain net: Model.load(path, net=Net()).")
 
 
-def check_built_sharded(net: torch.nn.Module, method: str, trains: str | None) -> None:
-    """Before a fit / evaluate / predict call: a net built sharded is trained only by a strategy that trains its kind
+def check_built_sharded(net: torch.nn.Module, training: bool, trains: str | None) -> None:
+    """Before a call (`training`: a fit): a net built sharded is trained only by a strategy that trains its kind
     (`trains`, the strategy's `trains_built_sharded`), and evaluated or predicted only once it holds its weights."""
     kind = built_sharded(net)
-    if kind == ZERO3 and method == FIT:
+    if kind == ZERO3 and training:
         from easyfit.distributed.strategy_parts.zero_init import held_by_engine
         if held_by_engine(net):
             raise ValueError("this net is still the module of the DeepSpeed engine of an earlier fit with "
                              "hand_back=False, which keeps it partitioned; it cannot be trained again. Build it "
                              "again, or fit with hand_back=True (the default), which makes it a plain module.")
-    if kind is None or (method == FIT and kind == trains):
+    if kind is None or (training and kind == trains):
         return
-    if method == FIT:
+    if training:
         raise ValueError(f"this net was built under module_construction() of {BUILT_BY[kind]} ({HOLDS[kind]}); "
                          "fit it with that strategy (pass the same strategy object to fit)")
     raise no_weights(kind, "evaluate or predict with it")
