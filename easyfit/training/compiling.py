@@ -233,15 +233,12 @@ class CompiledSteps:
         if self.settings is None:
             return None
         value = loop.settings.steps_per_execution
-        reason = unfusable_reason(loop.net, loop.optimizer, loop.precision, loop.strategy)
-        if reason is None and loop.items is not None:
+        reason = whole_step_refusal(loop.net, loop.optimizer, loop.precision.scaler is not None, loop.strategy)
+        if reason is None and loop.items is not None:   # the one reason that depends on the data (its targets)
             reason = "the loss averages over counted items (tokens), whose number divides each step"
-        if not internals_tested():
-            reason = untested_reason()
         if reason is not None:
             if value not in ("auto", 1):
-                raise ValueError(f"steps_per_execution={value} needs the whole step as one program, but {reason}; "
-                                 "pass steps_per_execution=1 (or 'auto')")
+                raise steps_need_one_program(value, reason)
             if reason not in self.declined:
                 self.declined.add(reason)
                 warnings.warn(f"compile=: {reason}; the forward with the loss and the optimizer step are compiled "
@@ -273,10 +270,11 @@ class CompiledSteps:
         return runner
 
     @contextlib.contextmanager
-    def running(self, value: Any, strategy, say: Callable[[str], Any] | None = None):
-        """The settings of a call's `compile` option in force during the call, under the strategy's compile
-        context; `say` (print, say) gets a line on what the call compiled and how long that took."""
-        self.settings = compile_settings(value)
+    def running(self, settings: dict | None, strategy, say: Callable[[str], Any] | None = None):
+        """The settings of a call's `compile` option (`check_compile`'s) in force during the call, under the
+        strategy's compile context; `say` (print, say) gets a line on what the call compiled and how long that
+        took."""
+        self.settings = settings
         if self.settings is not None and not internals_tested():
             notice_untested()   # once per process, for `fused`'s reason too
             self.declined.add(untested_reason())
@@ -321,15 +319,22 @@ def logging_left_out():
 LOGGING_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
 
 
-def check_compile(value: Any, strategy, options=None) -> None:
-    """Raise before any work when `compile` is malformed, the strategy cannot compile its step, or fit's `options`
-    accumulate gradients under CUDA graphs."""
+def check_compile(value: Any, strategy, options=None, model=None, precision: str = "32") -> dict | None:
+    """`compile` as torch.compile's settings (None: eager); raises before any work when it is malformed, the
+    strategy cannot compile its step, fit's `options` accumulate gradients under CUDA graphs, or ask for several
+    steps per program where `model`'s step cannot be one (`whole_step_refusal`: all but counted items, which
+    depend on the data, are known here)."""
     settings = compile_settings(value)
     if not isinstance(options, FitOptions):   # evaluate, predict, the finders: fit's defaults
         options = FitOptions()
-    check_steps_per_execution(options.steps_per_execution, settings is not None, options.callbacks or ())
+    steps = options.steps_per_execution
+    check_steps_per_execution(steps, settings is not None, options.callbacks or ())
     if settings is None:
-        return
+        return None
+    if model is not None and steps not in ("auto", 1):
+        reason = whole_step_refusal(model.net, model.optimizer, precision == "16-mixed", strategy)
+        if reason is not None:
+            raise steps_need_one_program(steps, reason)
     if not strategy.supports_compile:
         raise ValueError(f"strategy {strategy.name!r} does not support compile={value!r}: its step runs through "
                          "code torch.compile cannot trace as one step. Use compile=False, or strategy='single' / "
@@ -338,3 +343,14 @@ def check_compile(value: Any, strategy, options=None) -> None:
         raise ValueError(f"compile={value!r} replays CUDA graphs, and each replay overwrites the gradients the "
                          "previous one left, which gradient accumulation keeps across batches; use compile=True "
                          "(or mode 'max-autotune-no-cudagraphs') with gradient_accumulation_steps")
+    return settings
+
+
+def whole_step_refusal(net, optimizer, scaled: bool, strategy) -> str | None:
+    """Why a training step cannot be one compiled program here, the data aside (None: it can)."""
+    return untested_reason() if not internals_tested() else unfusable_reason(net, optimizer, scaled, strategy)
+
+
+def steps_need_one_program(steps: int, reason: str) -> ValueError:
+    return ValueError(f"steps_per_execution={steps} needs the whole step as one program, but {reason}; pass "
+                      "steps_per_execution=1 (or 'auto')")

@@ -32,7 +32,7 @@ GROUP_SETTINGS: dict[type, tuple[str, ...]] = {
 SGD_STATE, ADAM_STATE = ("momentum_buffer",), ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
 
 
-def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> str | None:
+def unfusable_reason(net: torch.nn.Module, optimizer, scaled: bool, strategy) -> str | None:
     """Why the step cannot be one program here (None: it can): the strategy's step must be the base contract's on one
     process, the update one this module traces, without a loss scaler, over the net's own parameters."""
     from easyfit.distributed.strategies.base import Strategy
@@ -46,7 +46,7 @@ def unfusable_reason(net: torch.nn.Module, optimizer, precision, strategy) -> st
     if type(optimizer) not in GROUP_SETTINGS:
         return (f"the update of {type(optimizer).__name__} is not traced into the step (SGD, Adam and AdamW are); "
                 "the optimizer step is compiled on its own")
-    if precision.scaler is not None:
+    if scaled:
         return "precision '16-mixed' scales the loss, and its step is skipped on overflow: a separate call"
     if any(group.get("differentiable") for group in optimizer.param_groups):
         return "an optimizer with differentiable=True is stepped eagerly"

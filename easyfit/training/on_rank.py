@@ -42,7 +42,7 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
     say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:
-        with recorded_warnings(returns_state) as caught, model.compiled_steps.running(plan.run.compile, strategy, say):
+        with recorded_warnings(returns_state) as caught, model.compiled_steps.running(plan.compiling, strategy, say):
             result = kind.on_rank(model, plan.run, **inputs)
         if not returns_state:
             return result, None

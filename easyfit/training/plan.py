@@ -77,6 +77,8 @@ class Plan:
     precision: str
     #: global rank 0 runs in another process than the caller, so it sends its results and state back
     rank_zero_elsewhere: bool
+    #: the `compile` option as torch.compile's settings (None: eager)
+    compiling: dict | None
     #: the call's options, checked and completed (`kind.check`)
     options: Any = None
 
@@ -107,18 +109,18 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
         raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
                          f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
                          "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
-    check_compile(run.compile, strategy, options if kind.trains else None)
+    compiling = check_compile(run.compile, strategy, options if kind.trains else None, model, precision)
     if on_ray is not None:
         from easyfit.distributed.launchers.ray_train import RayLauncher
         launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,
                                options.max_restarts if kind.trains else 0, worker_plan)
-        return Plan(kind, run, strategy, launcher, precision, True, options)
+        return Plan(kind, run, strategy, launcher, precision, True, compiling, options)
     launcher = strategy.launcher
     if kind.trains:
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)
     elsewhere = launcher is not None and not launcher.rank_zero_in_caller
-    return Plan(kind, run, strategy, launcher, precision, elsewhere, options)
+    return Plan(kind, run, strategy, launcher, precision, elsewhere, compiling, options)
 
 
 def worker_plan(plan: Plan, model, options: Any) -> Plan:

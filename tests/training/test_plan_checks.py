@@ -42,6 +42,8 @@ def refusal(net, loss, **fit_options) -> tuple[str, list[str]]:
     ("model", {"sample_weight": torch.ones(16)}, "loss='model' trains on the one loss the net returns"),
     ("model", {"class_weight": {0: 1.0, 1: 2.0, 2: 1.0}}, "loss='model' trains on the one loss the net returns"),
     ("model", {"validation_data": (X, Y, torch.ones(16))}, "loss='model' trains on the one loss the net returns"),
+    ("cross_entropy", {"steps_per_execution": 4, "compile": True},
+     "steps_per_execution=4 needs the whole step as one program, but strategy 'ddp_spawn' trains on 2 processes"),
 ])
 def test_a_check_that_needs_no_data_is_made_by_the_plan_before_any_process_starts(loss, fit_options, words):
     message, modules = refusal(LossInForward(), loss, **fit_options)
@@ -63,3 +65,12 @@ def test_a_precision_the_backend_cannot_train_in_is_refused_by_the_plan(strategy
         model.fit(X, Y, batch_size=4, verbose=0, devices=2, accelerator="cpu", strategy=strategy, precision=precision)
     modules = [frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.value.__traceback__)]
     assert any(path.endswith("easyfit/training/plan.py") for path in modules), modules
+
+
+def test_compile_is_read_once_a_call_by_the_plan(monkeypatch):
+    from easyfit.training import compiling
+    calls = []
+    parse = compiling.compile_settings
+    monkeypatch.setattr(compiling, "compile_settings", lambda value: calls.append(value) or parse(value))
+    easyfit.Model(nn.Linear(4, 3), "cross_entropy", "sgd").fit(X, Y, batch_size=4, verbose=0, compile=False)
+    assert calls == [False]
