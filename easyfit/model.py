@@ -294,7 +294,7 @@ class Model(OnBatchCalls):
         inputs = {"x": x, "y": y, "options": plan.options}   # the options checked and completed
         if plan.launcher is None:
             return call_on_rank(plan, model=self, **inputs)[0]
-        result, state = plan.launcher.launch(call_on_rank, plan, model=self, **inputs)
+        result, state = plan.launcher.start(call_on_rank, plan, model=self, **inputs)
         if state is None:
             return result
         reissue(state.pop("warnings"))   # rank 0 ran in another process: its warnings and state come back

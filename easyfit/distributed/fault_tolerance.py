@@ -45,7 +45,7 @@ def max_restarts_for(option: int | None) -> int:
 
 
 @dataclass(frozen=True)
-class RestartableRun:
+class RestartableFit:
     """The restartable run this fit belongs to, as rank 0 sees it (shared with every rank)."""
     launcher: str   # "torchrun", "easyfit" or "SLURM"
     path: str       # the fault-tolerance checkpoint of this fit
@@ -71,7 +71,7 @@ def elastic_run(restarts_by_easyfit: int, ask_slurm: bool) -> tuple[str, str, in
     return None
 
 
-def restartable_run(option, restarts_by_easyfit: int, strategy) -> RestartableRun | None:
+def restartable_fit(option, restarts_by_easyfit: int, strategy) -> RestartableFit | None:
     """This fit's run (the same on every rank: rank 0 decides), or None when no launcher restarts it or
     `fault_tolerance=False`."""
     if option is False or strategy.world_size != launched_world_size(strategy):
@@ -82,7 +82,7 @@ def restartable_run(option, restarts_by_easyfit: int, strategy) -> RestartableRu
     return strategy.broadcast(run) if strategy.world_size > 1 else run
 
 
-def _rank_zero_run(option, restarts_by_easyfit: int) -> RestartableRun | None:
+def _rank_zero_run(option, restarts_by_easyfit: int) -> RestartableFit | None:
     found = elastic_run(restarts_by_easyfit, ask_slurm=True)
     if found is None:
         return None
@@ -93,7 +93,7 @@ def _rank_zero_run(option, restarts_by_easyfit: int) -> RestartableRun | None:
     path = os.path.abspath(os.path.join(folder, re.sub(r"[^\w.-]", "_", name)))
     restartable = restart > 0 or not (launcher == "torchrun" and run_id == DEFAULT_TORCHRUN_RUN_ID)
     existing = [name for name in (path, f"{path}.old") if os.path.exists(name)]   # .old: see `replace`
-    return RestartableRun(launcher, path, restart, existing[0] if restartable and existing else None)
+    return RestartableFit(launcher, path, restart, existing[0] if restartable and existing else None)
 
 
 def launched_world_size(strategy) -> int:
@@ -110,7 +110,7 @@ class FaultToleranceCheckpoint(Callback):
     runs_last = True   # after the other callbacks: the checkpoint holds their state
     may_stop_training = False
 
-    def __init__(self, run: RestartableRun, every_n_steps: int | None, accumulate: int):
+    def __init__(self, run: RestartableFit, every_n_steps: int | None, accumulate: int):
         self.run = run
         self.every = every_n_steps * accumulate if every_n_steps else None
         self.requeue = slurm_requeue.RequeueSignal() if run.launcher == "SLURM" else None
@@ -162,7 +162,7 @@ def save(model, path: str) -> None:
 
 def replace(new: str, path: str) -> None:
     """Move `new` over `path`. A folder (a sharded checkpoint) cannot be renamed over another: the old one is moved
-    aside first and removed after, and `restartable_run` finds it in between."""
+    aside first and removed after, and `restartable_fit` finds it in between."""
     if os.path.isdir(new) and os.path.exists(path):
         os.replace(path, f"{path}.old")
         os.replace(new, path)
@@ -179,7 +179,7 @@ def remove(path: str) -> None:
             os.remove(name)
 
 
-def begin(model, run: RestartableRun, state: dict | None, options, params: dict, initial_epoch: int) -> None:
+def begin(model, run: RestartableFit, state: dict | None, options, params: dict, initial_epoch: int) -> None:
     """At the start of a fit with fault tolerance, after any restore: a restored run adds how it resumed to the
     summary line (said on stderr too in a silent fit); a new one writes its first checkpoint, so that a restart
     before the first epoch ends starts again from here."""
@@ -193,7 +193,7 @@ def begin(model, run: RestartableRun, state: dict | None, options, params: dict,
         save(model, run.path)
 
 
-def resume_note(model, run: RestartableRun, state: dict, batch_size: int, accumulate: int, multiplier: float) -> str:
+def resume_note(model, run: RestartableFit, state: dict, batch_size: int, accumulate: int, multiplier: float) -> str:
     """After the checkpoint was restored: continue the interrupted epoch on this world, and say so. On another
     number of processes the epoch's position is carried over by samples (the global order of the samples does not
     depend on the world size), and each optimizer step scales the schedule's LRs for the new effective batch."""

@@ -37,7 +37,7 @@ class TrainingObjects:
 
 
 @dataclass
-class EpochRun:
+class TrainingEpoch:
     """What the steps of one training epoch share."""
     batches: Any   # the epoch's batch source; its `Loop.first_steps` entry runs the fit's first batch with its checks
     tracker: LossTracker
@@ -120,7 +120,7 @@ class Loop:
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
         self._check_even_batches(num_batches)
-        epoch_run = EpochRun(batches, tracker, num_batches, accumulate,
+        epoch_run = TrainingEpoch(batches, tracker, num_batches, accumulate,
                        1 if strategy.handles_accumulation else accumulate,   # a backend that accumulates divides
                        callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
                        strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
@@ -148,7 +148,7 @@ class Loop:
             self._optimizer_step()
         return self._epoch_logs(tracker)
 
-    def train_batch(self, step: int, batch, epoch_run: EpochRun) -> bool:
+    def train_batch(self, step: int, batch, epoch_run: TrainingEpoch) -> bool:
         """One training step, its parts epoch_run one by one (eagerly, or each compiled); whether to stop."""
         strategy, optimizer, precision, callbacks = self.strategy, self.optimizer, self.precision, self.callbacks
         net, accumulate, batches = self.net, epoch_run.accumulate, epoch_run.batches

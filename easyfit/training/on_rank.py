@@ -104,7 +104,7 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train),
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
-        restartable = fault_tolerance.restartable_run(options.fault_tolerance,
+        restartable = fault_tolerance.restartable_fit(options.fault_tolerance,
                                                       options.max_restarts if strategy.launcher is not None else 0,
                                                       strategy)
         callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
@@ -134,7 +134,7 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
 
 
 def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
-                  restartable: fault_tolerance.RestartableRun | None = None) -> CallbackList:
+                  restartable: fault_tolerance.RestartableFit | None = None) -> CallbackList:
     """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
     display = progress_callbacks(options.verbose, is_global_zero)
     tolerance = [] if restartable is None else [fault_tolerance.FaultToleranceCheckpoint(

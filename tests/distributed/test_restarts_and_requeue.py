@@ -103,9 +103,9 @@ def test_slurm_signal_saves_requeues_and_the_requeued_job_continues_exactly(make
 
 def test_fault_tolerance_is_off_without_a_launcher_that_restarts_or_when_turned_off(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert fault_tolerance.restartable_run(None, 0, Strategy()) is None
-    assert fault_tolerance.restartable_run(False, 2, Strategy()) is None
-    run = fault_tolerance.restartable_run(str(tmp_path), 2, Strategy())
+    assert fault_tolerance.restartable_fit(None, 0, Strategy()) is None
+    assert fault_tolerance.restartable_fit(False, 2, Strategy()) is None
+    run = fault_tolerance.restartable_fit(str(tmp_path), 2, Strategy())
     assert run.launcher == "easyfit" and run.restart == 0 and run.resume_from is None
     assert os.path.dirname(run.path) == str(tmp_path)
 
@@ -136,7 +136,7 @@ def test_a_restart_on_more_processes_trains_again_the_samples_of_a_partial_globa
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.05)   # the schedule's LR: each step scales it
     model.strategy = SimpleNamespace(world_size=2, batch_factor=2, is_global_zero=True)
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
-    run = fault_tolerance.RestartableRun("torchrun", "unused", restart=1, resume_from="unused")
+    run = fault_tolerance.RestartableFit("torchrun", "unused", restart=1, resume_from="unused")
     state = {"lr_multiplier": 1.0, fault_tolerance.WORLD_KEY: {"world_size": 1, "batch_factor": 1}}
     note = fault_tolerance.resume_note(model, run, state, batch_size=16, accumulate=1, multiplier=2.0)
     assert note == ("resumed after restart 1 from epoch 2, step 3; world size 1 → 2: the data re-sharded over 2 "

@@ -166,7 +166,7 @@ def test_the_summary_line_says_which_metrics_count_only_the_batches_after_the_re
     model.strategy = Strategy()
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
     model.position.inexact_metrics = ["mean_of_outputs"]
-    run = fault_tolerance.RestartableRun("torchrun", "unused", restart=1, resume_from="unused")
+    run = fault_tolerance.RestartableFit("torchrun", "unused", restart=1, resume_from="unused")
     state = {fault_tolerance.WORLD_KEY: {"world_size": 1, "batch_factor": 1}}
     note = fault_tolerance.resume_note(model, run, state, batch_size=16, accumulate=1, multiplier=1.0)
     assert note == ("resumed after restart 1 from epoch 2, step 3; epoch 2's mean_of_outputs counts only the batches "
@@ -188,7 +188,7 @@ class Count(Callback):
 class InThisProcess(Launcher):
     """Runs every attempt here, as the script re-run runs rank 0 in the caller's process."""
 
-    def launch(self, function, *args, **kwargs):
+    def start(self, function, *args, **kwargs):
         return function(*args, **kwargs)
 
 
@@ -207,7 +207,7 @@ def test_every_attempt_starts_from_the_callers_state_before_the_first(make_net, 
             raise RuntimeError("attempt 1 fails")
         return "done"
 
-    assert RestartingLauncher(InThisProcess(), Strategy(), 1, model, [count]).launch(attempt) == "done"
+    assert RestartingLauncher(InThisProcess(), Strategy(), 1, model, [count]).start(attempt) == "done"
     (weights, *rest, rng), (weights_again, *rest_again, rng_again) = seen
     assert rest == rest_again == [{"accuracy": "accuracy"}, None, 0, 0]
     assert torch.equal(rng, rng_again)

@@ -31,7 +31,7 @@ class Launcher:
 
     rank_zero_in_caller = True
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         """Run `function(*args, **kwargs)` in every rank; return rank 0's result."""
         raise NotImplementedError
 

@@ -45,7 +45,7 @@ class HorovodLauncher(Launcher):
     def __init__(self, strategy):
         self.strategy = strategy
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         import_horovod()
         import cloudpickle
         import horovod

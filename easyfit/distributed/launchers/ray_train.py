@@ -39,7 +39,7 @@ class RayLauncher(Launcher):
         self.placement = "SPREAD" if num_nodes > 1 else "PACK"
         self.worker_plan = worker_plan
 
-    def launch(self, function: Callable, plan, model=None, **inputs) -> Any:
+    def start(self, function: Callable, plan, model=None, **inputs) -> Any:
         ray = import_ray()
         from ray import cloudpickle
         from ray.train import FailureConfig, RunConfig, ScalingConfig, WorkerGroupError

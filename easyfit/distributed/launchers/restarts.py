@@ -38,7 +38,7 @@ class RestartingLauncher(Launcher):
         self.model, self.callbacks = model, callbacks   # the caller's, which rank 0 trains when it is this process
         self.rank_zero_in_caller = launcher.rank_zero_in_caller
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         run_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         # the new ranks of a restart start from the caller's script: so does rank 0, when it runs here
         here = self.rank_zero_in_caller and self.model is not None
@@ -47,7 +47,7 @@ class RestartingLauncher(Launcher):
             for restart in range(self.max_restarts + 1):
                 os.environ[RESTART_COUNT_VARIABLE] = str(restart)
                 try:
-                    return self.launcher.launch(function, *args, **kwargs)
+                    return self.launcher.start(function, *args, **kwargs)
                 except Exception as error:   # an interrupt (Ctrl-C) is not a failure to restart from
                     failure = as_rank_failure(error)
                     if restart == self.max_restarts:

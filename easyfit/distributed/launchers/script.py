@@ -250,7 +250,7 @@ class ScriptLauncher(Launcher):
     def __init__(self, strategy):
         self.strategy = strategy
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         ranks = self._ranks()
         try:
             return function(*args, **kwargs)
@@ -297,7 +297,7 @@ class RelaunchedRankLauncher(Launcher):
 
     rank_zero_in_caller = True
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         directory, local_rank = os.environ.get(EXCHANGE_DIR_VARIABLE), int(os.environ.get("LOCAL_RANK", 0))
         if directory:
             report_errors_from_start()

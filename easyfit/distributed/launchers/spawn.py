@@ -68,7 +68,7 @@ class ProcessLauncher(Launcher):
     def __init__(self, strategy, start_method: str):
         self.strategy, self.start_method = strategy, start_method
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         if self.start_method == "fork":
             _check_fork_allowed()
         # every rank starts from the caller's random state, as the caller would go on drawing it

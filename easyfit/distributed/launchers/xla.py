@@ -21,7 +21,7 @@ class XLALauncher(Launcher):
     def __init__(self, strategy):
         self.strategy = strategy
 
-    def launch(self, function: Callable, *args, **kwargs) -> Any:
+    def start(self, function: Callable, *args, **kwargs) -> Any:
         import torch_xla
         work = pickle.dumps((function, args, kwargs))   # each replica gets its own copy (the strategy is in args)
         exchange_dir = exchange_directory("xla")

@@ -78,4 +78,4 @@ def join_ranks(strategy) -> None:
     if launcher is None:
         strategy.setup_environment()
     else:   # the launcher's handshake: a rank that failed before getting here is reported, not waited for
-        launcher.launch(strategy.setup_environment)
+        launcher.start(strategy.setup_environment)
