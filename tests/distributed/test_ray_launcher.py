@@ -61,13 +61,14 @@ class FailOnRankOne(Callback):
 
 class ExitOnceOnRankOne(Callback):
     """Rank 1's process dies at the start of epoch 2 of the first attempt only; `begun`: the epochs the last
-    attempt began."""
+    attempt began. Every worker of every attempt leaves its process id in the marker's folder."""
 
     def __init__(self, marker: str):
         self.marker = marker
 
     def on_train_begin(self, logs=None):
         self.begun = []
+        open(os.path.join(os.path.dirname(self.marker), f"worker-{os.getpid()}.pid"), "w").close()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begun.append(epoch)
@@ -159,7 +160,8 @@ def test_an_exception_on_rank_1_reaches_the_caller_with_its_traceback_within_30_
     assert waited < 30, f"the caller heard of rank 1's error {waited:.0f} s after it was raised"
 
 
-def test_a_worker_killed_in_epoch_2_restarts_and_ends_bit_for_bit_as_the_fit_that_never_failed(ddp_run, tmp_path):
+def test_a_worker_killed_in_epoch_2_restarts_and_ends_bit_for_bit_as_the_fit_that_never_failed(cluster, ddp_run,
+                                                                                                tmp_path):
     killer = ExitOnceOnRankOne(str(tmp_path / "killed"))
     fitted, history = ray_fit(tmp_path, [killer], max_restarts=1)
     assert (tmp_path / "killed").exists()
@@ -169,3 +171,27 @@ def test_a_worker_killed_in_epoch_2_restarts_and_ends_bit_for_bit_as_the_fit_tha
     assert history.history == never_history.history
     for name, value in fitted.net.state_dict().items():
         assert torch.equal(value, never_failed.net.state_dict()[name]), name
+    # nothing of the run is left: the four workers' processes (two attempts) end, the cluster's CPUs are free again
+    workers = [int(path.stem.split("-")[1]) for path in tmp_path.glob("worker-*.pid")]
+    assert len(workers) == 4, workers
+    assert wait_for(lambda: not any(alive(pid) for pid in workers)), [pid for pid in workers if alive(pid)]
+    assert wait_for(lambda: cluster.available_resources().get("CPU") == cluster.cluster_resources()["CPU"]), \
+        (cluster.available_resources(), cluster.cluster_resources())
+
+
+def alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for(condition, seconds: float = 30.0) -> bool:
+    """Whether `condition()` holds within `seconds` (checked every 0.2 s)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
