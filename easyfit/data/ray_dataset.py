@@ -42,10 +42,11 @@ class TrainShard:
         return ray.train.get_dataset_shard(TRAIN_NAME)
 
 
-def hand_to_ray(inputs: dict, num_workers: int) -> tuple[dict, dict | None, Any]:
-    """The caller's side of `launcher="ray"`: a fit's training dataset goes to Ray Train (which splits it between
-    the workers); the inputs keep a `TrainShard` in its place. (inputs, Ray Train's datasets, its DataConfig)."""
-    if not (inputs.get("options") is not None and is_ray_data(inputs.get("x"))):
+def hand_to_ray(inputs: dict, training: bool) -> tuple[dict, dict | None, Any]:
+    """The caller's side of `launcher="ray"`: a fit's (`training`) dataset goes to Ray Train (which splits it
+    between the workers); the inputs keep a `TrainShard` in its place. (inputs, Ray Train's datasets, its
+    DataConfig)."""
+    if not (training and is_ray_data(inputs.get("x"))):
         return inputs, None, None
     from ray.train import DataConfig
     return {**inputs, "x": TrainShard()}, {TRAIN_NAME: inputs["x"]}, DataConfig(datasets_to_split=[TRAIN_NAME])

@@ -353,7 +353,7 @@ def test_deepspeed_16_mixed_on_a_cpu_without_float16_is_refused_before_any_rank_
     from easyfit.distributed.launchers.script import ScriptLauncher
     from easyfit.distributed.strategies import deepspeed
     monkeypatch.setattr(deepspeed, "cpu_supports_fp16", lambda: False)
-    monkeypatch.setattr(ScriptLauncher, "launch", lambda *args, **kwargs: pytest.fail("ranks were started"))
+    monkeypatch.setattr(ScriptLauncher, "start", lambda *args, **kwargs: pytest.fail("ranks were started"))
     x, y = make_data()
     model = easyfit.Model(make_net(), "cross_entropy", "sgd")
     with pytest.raises(ValueError, match=r"no float16 kernels.*precision='bf16-mixed'.*strategy='fsdp'"):

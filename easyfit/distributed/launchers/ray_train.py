@@ -50,7 +50,7 @@ class RayLauncher(Launcher):
         use_gpu = self._use_gpu(ray)
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
         check_cluster_fits(self.num_workers, resources, ray.cluster_resources())
-        inputs, datasets, dataset_config = hand_to_ray(inputs, self.num_workers)
+        inputs, datasets, dataset_config = hand_to_ray(inputs, plan.kind.trains)
         name = f"easyfit-{plan.kind.name}-{uuid.uuid4().hex[:12]}"
         payload = ray.put((function, plan, model, inputs, self.worker_plan))   # read by every worker
         box = mailbox(ray)
