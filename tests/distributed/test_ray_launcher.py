@@ -141,12 +141,13 @@ def test_evaluate_is_exact_and_predict_returns_every_sample_in_order(ddp_run):
         torch.testing.assert_close(predicted, fitted.net(x), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "tp", "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["fsdp", "tp", "deepspeed_stage_2", "pipeline"])
 def test_sharded_strategies_on_ray_equal_plain_pytorch_on_the_combined_batch(cluster, tmp_path, strategy):
     if strategy.startswith("deepspeed"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install easyfit[deepspeed]")
     fitted, history = ray_fit(tmp_path, strategy=strategy)
-    replicas = 1 if strategy == "tp" else 2   # tensor parallelism: both workers take the same batch
+    # tensor parallelism and a pipeline of two stages: both workers take the same batch
+    replicas = 1 if strategy in ("tp", "pipeline") else 2
     assert_like_plain(history, fitted.net, plain_fit(*make_data(), replicas * BATCH))
 
 
