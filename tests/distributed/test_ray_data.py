@@ -71,16 +71,28 @@ def test_a_ray_dataset_fits_as_the_same_tensors_and_predicts_in_order_under_laun
     """One batch a worker an epoch: the combined batch is every row, however Ray Train splits them."""
     import ray
     x, y = make_data(ROWS)
+    x_odd, y_odd = make_data(ODD_ROWS)
     launcher = easyfit.launchers.Ray(storage_path=str(tmp_path))
     fitted = model()
     history = fitted.fit(ray.data.from_items(items(x, y)), batch_size=ROWS // 2, epochs=3, verbose=0,
-                         lr_scaling=None, devices=2, strategy="ddp", launcher=launcher)
+                         lr_scaling=None, devices=2, strategy="ddp", launcher=launcher,
+                         validation_data=ray.data.from_items(items(x_odd, y_odd)), validation_batch_size=5)
     assert_like_plain(history, fitted.net, plain_fit(x, y, ROWS))
-    x_odd, _ = make_data(ODD_ROWS)
+    # validation on a Ray Dataset is exact: each epoch's val_loss is the trained net's mean over all 37 rows
+    after_epoch = [plain_fit(x, y, ROWS, epochs=epochs)[1] for epochs in (1, 2, 3)]
+    assert history.history["val_loss"] == pytest.approx([mse(weights, x_odd, y_odd) for weights in after_epoch],
+                                                         abs=1e-6)
     predicted = fitted.predict(ray.data.from_numpy(x_odd.numpy()), batch_size=5, devices=2, strategy="ddp",
                                launcher=launcher)
     with torch.no_grad():
         torch.testing.assert_close(predicted, fitted.net(x_odd), atol=1e-6, rtol=0)
+
+
+def mse(weights: dict, x, y) -> float:
+    net = make_net()
+    net.load_state_dict(weights)
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(net(x), y))
 
 
 def test_a_ray_dataset_in_one_process_equals_the_same_tensors(cluster):
