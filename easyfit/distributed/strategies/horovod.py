@@ -135,7 +135,7 @@ class HorovodStrategy(MultiProcessStrategy):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
-        if self.fit_state is not None:
+        if isinstance(self.fit_state, HorovodFit):
             _share_state(optimizer, self.fit_state.user_optimizer)
 
     def load_checkpoint(self, path: str) -> dict:
