@@ -106,7 +106,7 @@ class ShardedState(ShardedTraining):
 
     #: the running fit's net holds parameter shards, so its forward is a collective (False: whole parameters)
     shards_parameters = True
-    #: a sharded checkpoint directory, in words: what it is and what resumes it (`resuming_sharded`)
+    #: what a sharded checkpoint directory is called where it cannot load (and what resumes it: `resuming_sharded`)
     sharded_folder = "sharded"
 
     def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
