@@ -5,9 +5,10 @@ ends), their state (read and loaded on every rank: for a sharded backend these a
 (backward, optimizer step, zeroing, clipping, the no-sync context) and the collectives. The base class is a
 correct single-process backend, so a backend overrides only what it does differently.
 
-A strategy object is configuration (what the user and the connector set; it is pickled to spawned ranks). What one
-fit holds between `setup` and its end (the wrapped net, an engine, step flags) is the backend's `FitState`, kept in
-`strategy.fit_state` and dropped by `hand_back` and `teardown`.
+A strategy object is configuration (what the user and the connector set; pickled to spawned ranks), written by no
+method after `configure`. What one call holds in this process (process groups, a mesh, the CPU cores' share) is its
+`call_state` (`setup_environment` to `teardown`); what one fit holds (its settings, then the wrapped net, an engine,
+step flags) its `fit_state` (`configure_training` to `hand_back` or `teardown`). Neither is pickled.
 """
 from __future__ import annotations
 
@@ -37,16 +38,30 @@ def unwrap(net: torch.nn.Module) -> torch.nn.Module:
 
 
 @dataclass
+class CallState:
+    """What one call (fit, evaluate, predict) holds in this process; a backend subclasses it, as FitState."""
+
+
+@dataclass
 class FitState:
     """What one fit holds on one rank, from `setup` to the fit's end; a backend subclasses it (a dataclass in its
     module) with its own fields."""
+
+
+@dataclass
+class ComingFit(FitState):
+    """The fit state from `configure_training` to `setup`: the fit's `TrainingSettings`, which `setup` builds from."""
+
+    settings: Any
 
 
 class Strategy:
     """One process's view of a backend. The base class is a correct single-process backend."""
 
     name = "single"
-    #: the running fit's state (the backend's FitState), set by `setup`; None outside a fit, and never pickled
+    #: the running call's state in this process (the backend's CallState, see the module's docstring); else None
+    call_state: CallState | None = None
+    #: the running fit's state (ComingFit from `configure_training`, the backend's FitState from `setup`); else None
     fit_state: FitState | None = None
 
     # --- what the connector needs to know ---------------------------------------------
@@ -129,8 +144,8 @@ class Strategy:
     def __getstate__(self) -> dict:
         """A copy sent to another process (a spawned rank) makes its own launcher there, and holds no fit."""
         state = self.__dict__.copy()
-        state.pop("_launcher", None)
-        state.pop("fit_state", None)
+        for per_call in ("_launcher", "call_state", "fit_state"):
+            state.pop(per_call, None)
         return state
 
     @property
@@ -171,8 +186,14 @@ class Strategy:
         return current.for_run(requested, self.root_device)
 
     def configure_training(self, settings) -> None:
-        """Called before `setup` in fit with the `TrainingSettings` (batch size, accumulation, clipping, precision),
-        for backends that build their engine from them."""
+        """Called before `setup` in fit with the `TrainingSettings` (batch size, accumulation, clipping, precision):
+        the fit begins, its state holding them (`ComingFit`) for `setup` to build from (`training_settings`)."""
+        self.fit_state = ComingFit(settings)
+
+    @property
+    def training_settings(self):
+        """The coming fit's `TrainingSettings` until `setup` replaces the fit state; None when none were given."""
+        return self.fit_state.settings if isinstance(self.fit_state, ComingFit) else None
 
     #: the kind of net built sharded (construction.META, construction.ZERO3) that `setup` trains; None: none
     trains_built_sharded: str | None = None
@@ -184,7 +205,9 @@ class Strategy:
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         """Move the net (and the optimizer's state) to the device and wrap it for the backend.
-        Returns (net, optimizer, scheduler): Model, the loop and the callbacks use these until the fit ends."""
+        Returns (net, optimizer, scheduler): Model, the loop and the callbacks use these until the fit ends. A backend
+        that keeps no fit state of its own keeps none (the coming fit's settings are dropped)."""
+        vars(self).pop("fit_state", None)
         net.to(self.root_device)
         align_state(optimizer)
         return net, optimizer, scheduler
@@ -194,7 +217,7 @@ class Strategy:
         """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
         state into the user's optimizer (nothing to do when they were trained in place, as here); the fit state is
         dropped. A backend's override ends with this one."""
-        self.fit_state = None
+        vars(self).pop("fit_state", None)
 
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """The module evaluate / predict run, on this process's device."""
@@ -207,8 +230,9 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release what `setup_environment` created, and a fit state that a failed fit left (an override calls
-        this one)."""
-        self.fit_state = None
+        this one): the strategy holds its configuration alone again."""
+        vars(self).pop("fit_state", None)
+        vars(self).pop("call_state", None)
 
     def compile_context(self) -> contextlib.AbstractContextManager:
         """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""

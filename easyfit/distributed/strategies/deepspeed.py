@@ -21,19 +21,17 @@ from dataclasses import dataclass
 import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedState
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
 from easyfit.distributed.strategy_parts.deepspeed_state import FullState
 from easyfit.distributed.strategy_parts.sharding import (
     copy_to_train,
-    directory_outside_fit,
     load_on_device,
     optimizer_params,
     param_names,
     plain_on_device,
-    rebuild_optimizer,
     require,
     without_weights,
 )
@@ -42,8 +40,6 @@ from easyfit.saving.backend_folders import check_deepspeed_folder
 from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION, as_data
 from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 from easyfit.utils.tensors import map_tensors
-
-STATE_FORMATS = ("full", "sharded")
 
 
 def deepspeed_for_training(strategy: str):
@@ -94,7 +90,7 @@ class DeepSpeedFit(ShardedFit):
     accumulating: bool = False
 
 
-class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
+class DeepSpeedStrategy(ShardedState, DDPStrategy):
     """strategy="deepspeed" (ZeRO stage 2) and the "deepspeed_stage_*" names; `easyfit.strategies.DeepSpeed`.
 
     Args:
@@ -104,9 +100,8 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements.
         config: a DeepSpeed config (dict or JSON path; default: the EASYFIT_DEEPSPEED_CONFIG variable). Every key
             set there wins over what easyfit derives from fit's arguments.
-        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (DeepSpeed's checkpoint
-            directory, every rank writing its partition).
-        hand_back: put the full trained weights into the user's net at the end of fit.
+        state_dict_type, hand_back: see ShardedState; a "sharded" checkpoint is DeepSpeed's checkpoint directory,
+            every rank writing its partition.
     """
 
     supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
@@ -114,33 +109,26 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
     handles_accumulation = True
     handles_clipping = True
     plain_optimizer_step = False   # the engine steps
+    sharded_folder = "DeepSpeed"
 
     def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  allgather_bucket_size: float | None = None, reduce_bucket_size: float | None = None,
-                 config: str | os.PathLike | dict | None = None, state_dict_type: str = "full",
-                 hand_back: bool = True, **kwargs):
+                 config: str | os.PathLike | dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
         if offload_parameters and stage != 3:
             raise ValueError("offload_parameters needs stage=3 (only stage 3 partitions parameters)")
-        if state_dict_type not in STATE_FORMATS:
-            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
         self.stage, self.offload_optimizer, self.offload_parameters = stage, offload_optimizer, offload_parameters
         self.buckets = {"allgather_bucket_size": allgather_bucket_size, "reduce_bucket_size": reduce_bucket_size}
         self.user_config = read_config(config)
-        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
         self.name = "deepspeed"
-        self.settings = None   # the coming fit's (configure_training)
 
     # --- configuration --------------------------------------------------------------
-    def configure_training(self, settings) -> None:
-        self.settings = settings
-
     def config(self, num_params: int | None = None) -> dict:
-        """The config handed to DeepSpeed: defaults derived from fit's arguments (and, given the number of
-        parameters trained, bucket sizes fitted to the net), then the user's keys over them."""
-        return self._config_builder().training(self.settings, num_params)
+        """The config handed to DeepSpeed: defaults derived from the coming fit's settings (`configure_training`;
+        and, given the number of parameters trained, bucket sizes fitted to the net), then the user's keys over them."""
+        return self._config_builder().training(self.training_settings, num_params)
 
     def construction_config(self) -> dict:
         """The config `zero.Init` partitions with, before any fit."""
@@ -151,7 +139,7 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
                                self.user_config, pin_memory=self.accelerator == "cuda")
 
     def describe_setup(self) -> str | None:
-        return None if self.fit_state is None else self.fit_state.sizing_note
+        return self.fit_state.sizing_note if isinstance(self.fit_state, DeepSpeedFit) else None
 
     def check_precision(self, precision: str) -> None:
         if precision == "64":
@@ -195,16 +183,13 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
         trained = net if built else copy_to_train(net, optimizer, self.root_device)
         layout = zero_init.layout(net) if built else None
-        names = param_names(net, optimizer)
-        own = dict(trained.named_parameters())
+        names, own = param_names(net, optimizer), dict(trained.named_parameters())
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}
         low = next((dtype[key] for key in dtype if config.get(key, {}).get("enabled")), None)
         if built and low is not None:   # built in fp32: its partitions take the dtype the engine computes in
             zero_init.cast_partitions(net, low)
-        client = None
-        if "optimizer" not in config:   # otherwise DeepSpeed builds the optimizer the config names
-            by_id = dict(zip(map(id, optimizer_params(optimizer)), names))
-            client = rebuild_optimizer(optimizer, lambda p: own[by_id[id(p)]])
+        # a config that names an optimizer has DeepSpeed build it
+        client = None if "optimizer" in config else self.rebuilt_optimizer(optimizer, net, trained)
         engine, _, _, _ = deepspeed.initialize(model=trained, optimizer=client, config=config,
                                                dist_init_required=False)
         stepping = client if client is not None else engine.basic_optimizer
@@ -219,7 +204,14 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
     def _engine_fit(self, net: torch.nn.Module) -> DeepSpeedFit | None:
         """The running fit's state when `net` is its engine; None for any other net (the user's, or outside fit)."""
         fit = self.fit_state
-        return fit if fit is not None and net is fit.engine else None
+        return fit if isinstance(fit, DeepSpeedFit) and net is fit.engine else None
+
+    def trains_net(self, net: torch.nn.Module) -> bool:
+        return self._engine_fit(net) is not None
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self.stage == 3
 
     def full_optimizer_state(self, optimizer) -> dict:
         return self.fit_state.full_state.optimizer_state(optimizer)
@@ -239,21 +231,9 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
         zero_init.make_plain(user_net, self.fit_state.layout, fresh)
         zero_init.repoint_optimizer(user_optimizer, fresh)
 
-    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
-        """Stage 3 with hand_back=False (a net too big to gather): nothing is ever gathered, the first-batch check
-        and validation run the engine of the running fit, every rank in step."""
-        return self._engine_fit(net) is not None and self.stage == 3 and not self.gather_at_end
-
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
-        ranks may get different numbers of evaluation batches, and a ZeRO-3 forward would wait for the others at
-        every layer. (A net built under module_construction() is the engine's own: the copy is made from it.)
-        Stage 3 with hand_back=False runs the engine itself (`forward_in_lockstep`)."""
-        fit = self._engine_fit(net)
-        if fit is None:
-            return super().module_for_eval(net)
-        if self.forward_in_lockstep(net):
-            return net
+    def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
+        """From the user's net, or from the layout of a net built under module_construction() (the engine's own)."""
+        fit = self.fit_state
         full = fit.full_state.module_state()
         if fit.layout is None:
             return plain_on_device(fit.user_net, full, self.root_device)
@@ -320,24 +300,20 @@ class DeepSpeedStrategy(ShardedTraining, DDPStrategy):
             self.fit_state.full_state.load_optimizer_state(optimizer, state)
 
     # --- checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, path: str, state: dict) -> None:
-        """"full": one file written by rank 0. "sharded": DeepSpeed's directory (each rank its partitions), with the
-        rest of the state in its client state."""
+    def save_shards(self, path: str, state: dict) -> None:
+        """DeepSpeed's directory (each rank its partitions), with the rest of the state in its client state."""
         fit = self.fit_state
-        if self.state_dict_type == "full" or fit is None:
-            return super().save_checkpoint(path, state)
         rest = without_weights(state)
         # what easyfit.saving.convert needs to write the optimizer state in the plain optimizer's form
         rest.update(param_names=fit.names, param_groups=fit.full_state.plain_groups(fit.optimizer))
         fit.engine.save_checkpoint(path, tag="checkpoint",
                                    client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
 
-    def load_checkpoint(self, path: str) -> dict:
-        if not os.path.isdir(path):
-            return super().load_checkpoint(path)
+    def resuming_sharded(self) -> str:
+        return "a DeepSpeed strategy on as many processes as wrote it"
+
+    def load_shards(self, path: str) -> dict:
         fit = self.fit_state
-        if fit is None:
-            raise directory_outside_fit(path, "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it")
         check_deepspeed_folder(os.path.join(path, "checkpoint"))   # DeepSpeed unpickles: checked as data first
         _, client_state = fit.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                      load_optimizer_states=True, load_lr_scheduler_states=False)

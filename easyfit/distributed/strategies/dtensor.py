@@ -17,19 +17,12 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardedState
 from easyfit.distributed.strategy_parts import sharding
-from easyfit.distributed.strategy_parts.sharding import (
-    directory_outside_fit,
-    optimizer_params,
-    param_names,
-    rebuild_optimizer,
-    without_weights,
-)
+from easyfit.distributed.strategy_parts.sharding import optimizer_params, param_names, without_weights
 from easyfit.saving.backend_folders import check_dcp_folder
 from easyfit.saving.checkpoint import FSDP_META_FILE, load_checkpoint_file, save_checkpoint_file
 
-STATE_FORMATS = ("full", "sharded")
 #: DDPStrategy's options for its gradient all-reduce, which the DTensor strategies do not run
 DDP_COMMUNICATION = ("comm_hook", "powersgd_rank", "powersgd_start_step", "model_averaging_period",
                      "model_averaging_warmup")
@@ -90,26 +83,21 @@ class DTensorFit(ShardedFit):
     names: list[str]
 
 
-class DTensorStrategy(ShardedTraining, DDPStrategy):
+class DTensorStrategy(ShardedState, DDPStrategy):
     """The contract for a copy of the user's net whose parameters are DTensors on a device mesh.
 
     Args:
-        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (a torch.distributed.checkpoint
-            directory each rank writes its shard to; for nets too big to gather on one rank).
-        hand_back: put the full trained weights into the user's net at the end of fit (False for nets too big to
-            gather on one rank: save a sharded checkpoint instead).
+        state_dict_type, hand_back: see ShardedState; a "sharded" checkpoint is a torch.distributed.checkpoint
+            directory.
     """
 
-    def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
+    def __init__(self, *args, **kwargs):
         ignored = [name for name in DDP_COMMUNICATION if name in kwargs]
         if ignored:
             raise ValueError(f"{type(self).__name__} does not take {', '.join(ignored)}: DDP's gradient "
                              "communication options, which it (its DTensors reduce their gradients themselves) would "
                              "ignore; use DDPStrategy for compressed gradients or local SGD")
         super().__init__(*args, **kwargs)
-        if state_dict_type not in STATE_FORMATS:
-            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
-        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
 
     @property
     def supports_compile(self) -> bool:
@@ -134,10 +122,8 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         sharded = self.training_copy(net, optimizer)
         self.shard(sharded, self.build_mesh())
-        new_params, names = dict(sharded.named_parameters()), param_names(net, optimizer)
-        by_id = dict(zip(map(id, optimizer_params(optimizer)), names))
-        rebuilt = rebuild_optimizer(optimizer, lambda p: new_params[by_id[id(p)]])
-        self.fit_state = DTensorFit(optimizer=rebuilt, scheduler=scheduler, user_net=net, sharded=sharded, names=names)
+        self.fit_state = DTensorFit(optimizer=self.rebuilt_optimizer(optimizer, net, sharded), scheduler=scheduler,
+                                    user_net=net, sharded=sharded, names=param_names(net, optimizer))
         return sharded, self.take_over_optimizer(optimizer), scheduler
 
     def hand_back_weights(self, user_net, user_optimizer, net) -> None:
@@ -147,23 +133,14 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
         """The gathered weights into the user's net, on the device it trained on."""
         sharding.load_on_device(user_net, full_state, self.root_device)
 
-    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
-        """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
-        validation run the sharded net, every rank in step."""
-        return holds_dtensors(net) and not self.gather_at_end
+    def trains_net(self, net: torch.nn.Module) -> bool:
+        return holds_dtensors(net)
 
     def eval_source(self) -> torch.nn.Module:
         """The module whose plain copy validation runs: the user's net."""
         return self.fit_state.user_net
 
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
-        ranks may get different numbers of evaluation batches, and a sharded forward would wait for the others at
-        every layer. With hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
-        if self.forward_in_lockstep(net):
-            return net
-        if not holds_dtensors(net):
-            return super().module_for_eval(net)
+    def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
         return sharding.plain_on_device(self.eval_source(), self._full_module_state(net), self.root_device)
 
     # --- state ----------------------------------------------------------------------
@@ -208,26 +185,19 @@ class DTensorStrategy(ShardedTraining, DDPStrategy):
         optimizer.load_state_dict({**state, "state": entries})
 
     # --- checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, path: str, state: dict) -> None:
-        """"full": one file written by rank 0. "sharded": a torch.distributed.checkpoint directory of the net's and
-        optimizer's shards (every rank writes its own) plus the rest of the state in FSDP_META_FILE."""
-        fit = self.fit_state
-        if self.state_dict_type == "full" or fit is None:
-            return super().save_checkpoint(path, state)
+    def save_shards(self, path: str, state: dict) -> None:
+        """A torch.distributed.checkpoint directory of the net's and optimizer's shards, plus the rest of the state
+        in FSDP_META_FILE."""
         import torch.distributed.checkpoint as dcp
         dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
         if self.is_global_zero:
             save_checkpoint_file(os.path.join(path, FSDP_META_FILE),
-                                 {**without_weights(state), "param_names": fit.names})
+                                 {**without_weights(state), "param_names": self.fit_state.names})
         self.barrier()
 
-    def load_checkpoint(self, path: str) -> dict:
-        """Either format; a sharded directory may be loaded on another number of processes (it is re-sliced)."""
-        if not os.path.isdir(path):
-            return super().load_checkpoint(path)
+    def load_shards(self, path: str) -> dict:
+        """It may have been written by another number of processes (it is re-sliced)."""
         fit = self.fit_state
-        if fit is None:
-            raise directory_outside_fit(path, "sharded", f"strategy={self.name!r}")
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")

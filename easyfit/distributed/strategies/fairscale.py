@@ -9,7 +9,7 @@ import torch
 
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
-from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped, require
+from easyfit.distributed.strategy_parts.sharding import require
 
 
 @dataclass
@@ -37,8 +37,7 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
         oss = require("fairscale.optim.oss", "fairscale", self.name)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale", self.name)
         net.to(self.root_device)
-        cls = type(optimizer)
-        sharded = oss.OSS(regrouped(optimizer, lambda p: p), optim=cls, **constructor_defaults(cls, optimizer.defaults))
+        sharded = self.rebuilt_optimizer(optimizer, sharding=oss.OSS)
         fit = self.fit_state = FairScaleFit(optimizer=sharded, scheduler=scheduler, wrapped=None)
         fit.wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer))   # once it took over
         return fit.wrapped, sharded, scheduler

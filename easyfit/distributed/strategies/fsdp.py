@@ -76,7 +76,6 @@ class FSDPStrategy(DTensorStrategy):
         super().__init__(*args, **kwargs)
         self.cpu_offload = cpu_offload
         self.name = "fsdp_cpu_offload" if cpu_offload else "fsdp"
-        self._precision_name = "32"   # the coming fit's (configure_training)
 
     # --- precision ------------------------------------------------------------------
     def precision_plugin(self, current: Precision, requested) -> Precision:
@@ -87,11 +86,10 @@ class FSDPStrategy(DTensorStrategy):
         policy.load_state_dict(plugin.state_dict())
         return policy
 
-    def configure_training(self, settings) -> None:
-        self._precision_name = settings.precision
-
     def _mixed_precision(self) -> MixedPrecisionPolicy:
-        dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(self._precision_name)
+        """The policy of the coming fit's precision (`configure_training`; "32" when none was given)."""
+        settings = self.training_settings
+        dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(getattr(settings, "precision", "32"))
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None,
                                     output_dtype=torch.float32 if dtype else None)
 

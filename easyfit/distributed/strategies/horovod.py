@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from easyfit.distributed.collectives import HorovodCollectives
-from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
+from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
-from easyfit.distributed.strategies.base import FitState, Strategy
-from easyfit.distributed.strategies.parallel import DataParallelShares
-from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
+from easyfit.distributed.strategies.base import FitState
+from easyfit.distributed.strategies.parallel import MultiProcessStrategy
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -31,7 +30,7 @@ class HorovodFit(FitState):
     synchronized: bool = False
 
 
-class HorovodStrategy(DataParallelShares, Strategy):
+class HorovodStrategy(MultiProcessStrategy):
     """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16."""
 
     name = "horovod"
@@ -42,18 +41,8 @@ class HorovodStrategy(DataParallelShares, Strategy):
                  compression: str = "none", start_timeout: int = 60):
         if compression not in ("none", "fp16"):
             raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
-        self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
-        self.environment, self.compression, self.start_timeout = environment, compression, start_timeout
-        self.backward_passes_per_step = 1   # the coming fit's (configure_training)
-        self.cores = CoreShare()   # this rank's share of the CPU cores while a call runs
-
-    def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
-                  num_nodes: int = 1, environment: ClusterEnvironment | None = None, **_) -> None:
-        """Fill in what the user left unset from the call (the connector calls this)."""
-        self.accelerator = self.accelerator or accelerator
-        self.parallel_devices = self.parallel_devices or parallel_devices or [torch.device(self.accelerator)]
-        self.num_nodes = self.num_nodes or num_nodes
-        self.environment = self.environment or environment or LocalEnvironment()
+        super().__init__(accelerator, parallel_devices, num_nodes, environment)
+        self.compression, self.start_timeout = compression, start_timeout
 
     # --- identity -------------------------------------------------------------------
     @property
@@ -61,11 +50,6 @@ class HorovodStrategy(DataParallelShares, Strategy):
         """`horovod.torch` once this process has joined the Horovod job; None before."""
         hvd = import_horovod()
         return hvd if hvd.is_initialized() else None
-
-    @property
-    def num_processes(self) -> int:
-        """Processes on this node (what `horovod.run` starts for devices=N)."""
-        return len(self.parallel_devices)
 
     def _identity(self, horovod: str, launcher: str, alone: int) -> int:
         """Horovod's answer once this process joined the job; before, the launcher's, or this process's alone."""
@@ -120,18 +104,13 @@ class HorovodStrategy(DataParallelShares, Strategy):
                                "every call in a Horovod job must use the same devices and num_nodes")
         super().setup_environment()
         if self.root_device.type == "cpu":   # whoever started them, the ranks on this machine share its cores
-            self.cores.apply(hvd.local_size())
+            self.share_cores(hvd.local_size())
 
     @property
-    def threads_note(self) -> str | None:
-        return self.cores.note
-
-    def teardown(self) -> None:
-        super().teardown()
-        self.cores.restore()
-
-    def configure_training(self, settings) -> None:
-        self.backward_passes_per_step = settings.gradient_accumulation_steps
+    def backward_passes_per_step(self) -> int:
+        """The coming fit's gradient accumulation steps: Horovod counts the backward passes of one step itself."""
+        settings = self.training_settings
+        return 1 if settings is None else settings.gradient_accumulation_steps
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         """Broadcast rank 0's weights and optimizer state, and wrap the optimizer in `hvd.DistributedOptimizer`,
@@ -156,7 +135,7 @@ class HorovodStrategy(DataParallelShares, Strategy):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
-        if self.fit_state is not None:
+        if isinstance(self.fit_state, HorovodFit):
             _share_state(optimizer, self.fit_state.user_optimizer)
 
     def load_checkpoint(self, path: str) -> dict:

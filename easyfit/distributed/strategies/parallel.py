@@ -1,5 +1,6 @@
-"""What every multi-process strategy shares: ranks, the process group, the data-parallel share of the data, and
-the torch.distributed collectives."""
+"""What every multi-process strategy shares: its configuration (devices, nodes, who starts the processes) and each
+rank's share of the CPU cores (`MultiProcessStrategy`, also Horovod's), and with torch.distributed (`ParallelStrategy`)
+the ranks, the process group, the data-parallel share of the data and the collectives."""
 from __future__ import annotations
 
 import atexit
@@ -8,6 +9,7 @@ import gc
 import os
 import sys
 import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -17,7 +19,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.collectives import TorchCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
-from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.base import CallState, Strategy
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -87,17 +89,22 @@ class DataParallelShares:
         return DistributedSamplerWrapper(sampler, self.data_parallel_rank, self.data_parallel_size)
 
 
-class ParallelStrategy(DataParallelShares, Strategy):
-    """What every multi-process strategy shares: ranks, the process group, samplers and collectives."""
+@dataclass
+class ParallelCall(CallState):
+    """A call of several processes: this rank's share of the CPU cores while it runs."""
+
+    cores: CoreShare = field(default_factory=CoreShare)
+
+
+class MultiProcessStrategy(DataParallelShares, Strategy):
+    """The configuration every multi-process strategy shares (the devices of each node, the nodes, who starts the
+    processes, the process-group backend), and each rank's share of the CPU cores while a call runs."""
 
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
-                 process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT):
+                 process_group_backend: str | None = None):
         self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
         self.environment, self.process_group_backend = environment, process_group_backend
-        self.timeout = timeout
-        self._local_rank = 0
-        self.cores = CoreShare()   # this rank's share of the CPU cores while a call runs
 
     def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment: ClusterEnvironment | None = None,
@@ -110,12 +117,45 @@ class ParallelStrategy(DataParallelShares, Strategy):
         self.process_group_backend = (self.process_group_backend or process_group_backend
                                       or ("nccl" if self.accelerator == "cuda" else "gloo"))
 
-    # --- identity -------------------------------------------------------------------
     @property
     def num_processes(self) -> int:
         """Processes on this node."""
         return len(self.parallel_devices)
 
+    def new_call_state(self) -> ParallelCall:
+        """The state of a call starting in this process (a backend with more to hold gives its own)."""
+        return ParallelCall()
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self.call_state = self.new_call_state()
+
+    def share_cores(self, processes: int) -> None:
+        """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
+        self.call_state.cores.apply(processes)
+
+    @property
+    def threads_note(self) -> str | None:
+        return None if self.call_state is None else self.call_state.cores.note
+
+    def teardown(self) -> None:
+        if self.call_state is not None:
+            self.call_state.cores.restore()
+        super().teardown()
+
+
+class ParallelStrategy(MultiProcessStrategy):
+    """What every multi-process strategy of torch.distributed shares: ranks, the process group, samplers and
+    collectives."""
+
+    def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
+                 num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
+                 process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT):
+        super().__init__(accelerator, parallel_devices, num_nodes, environment, process_group_backend)
+        self.timeout = timeout
+        self._local_rank = 0
+
+    # --- identity -------------------------------------------------------------------
     @property
     def world_size(self) -> int:
         if self.environment.creates_processes_externally:
@@ -161,7 +201,7 @@ class ParallelStrategy(DataParallelShares, Strategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.root_device.type == "cpu" and self.launcher is not None:   # easyfit's own launch, not torchrun's
-            self.cores.apply(self.num_processes)
+            self.share_cores(self.num_processes)
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
                 raise RuntimeError(f"a process group of {dist.get_world_size()} processes already exists, but this "
@@ -183,14 +223,9 @@ class ParallelStrategy(DataParallelShares, Strategy):
         """True in processes a spawn / fork launcher started for this call alone."""
         return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
-    @property
-    def threads_note(self) -> str | None:
-        return self.cores.note
-
     def teardown(self) -> None:
         """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
         super().teardown()
-        self.cores.restore()
         if self._group_ends_with_call():
             destroy_process_group()
 

@@ -9,7 +9,7 @@ file a plain nn.Sequential loads, and load onto any number of stages. See docs/p
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -17,7 +17,7 @@ from torch import nn
 
 from easyfit.data.batches import interleave
 from easyfit.distributed.strategies.ddp2 import average_gradients
-from easyfit.distributed.strategies.parallel import ParallelStrategy, destroy_process_group
+from easyfit.distributed.strategies.parallel import ParallelCall, ParallelStrategy, destroy_process_group
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
@@ -27,8 +27,18 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
     stage_optimizer_state,
     stage_part,
 )
-from easyfit.distributed.strategy_parts.sharding import optimizer_params, rebuild_optimizer
+from easyfit.distributed.strategy_parts.sharding import optimizer_params
 from easyfit.parts.precision import Precision
+
+
+@dataclass
+class PipelineCall(ParallelCall):
+    """A pipeline call: this rank's (pipeline, replica) process groups, whether the call opened the process group
+    itself (one process: a debugging run), and the stages of each net evaluated outside fit, by the net's id."""
+
+    groups: tuple = ()
+    own_group: bool = False
+    eval_nets: dict[int, PipelinedNet] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,8 +87,6 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
                                  f"{self.chunks} stages per rank (chunks)")
             stages = len(balance) // self.chunks
         self.stages, self.microbatches = stages, microbatches
-        self._groups, self._own_group = None, False
-        self._eval_nets: dict[int, PipelinedNet] = {}
 
     # --- the mesh -------------------------------------------------------------------
     @property
@@ -131,22 +139,30 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
         resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
 
+    def new_call_state(self) -> PipelineCall:
+        return PipelineCall()
+
     def setup_environment(self) -> None:
-        self._own_group = self.world_size == 1 and not dist.is_initialized()
+        own_group = self.world_size == 1 and not dist.is_initialized()
         super().setup_environment()
-        if self._groups is None:   # every rank creates every group, in the same order
-            size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
-            pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]
-            replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
-            self._groups = pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]
+        # every rank creates every group, in the same order
+        size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
+        pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]
+        replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
+        call = self.call_state
+        call.groups, call.own_group = (pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]), own_group
+
+    @property
+    def _groups(self) -> tuple:
+        """This rank's (pipeline, replica) process groups in the running call."""
+        return self.call_state.groups
 
     def teardown(self) -> None:
         """A pipeline of one process (a debugging run) ends the process group it opened with the call."""
+        own_group = self.call_state is not None and self.call_state.own_group
         super().teardown()
-        if self._own_group:
+        if own_group:
             destroy_process_group()
-            self._groups, self._own_group = None, False
-            self._eval_nets.clear()   # their stages talk through the group that ended
 
     # --- precision ------------------------------------------------------------------
     def check_precision(self, precision: str) -> None:
@@ -169,7 +185,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         pipelined = self._split(net)
         own = {id(p) for p in pipelined.parameters()}
         indices = {id(p): index for index, p in enumerate(optimizer_params(optimizer))}
-        rebuilt = rebuild_optimizer(optimizer, lambda p: p)
+        rebuilt = self.rebuilt_optimizer(optimizer)
         for group in rebuilt.param_groups:   # this stage's parameters only
             group["params"] = [p for p in group["params"] if id(p) in own]
         self.fit_state = PipelineFit(optimizer=rebuilt, scheduler=scheduler,
@@ -184,12 +200,13 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         user_net.load_state_dict(self.module_state(net))
 
     def module_for_eval(self, net: nn.Module) -> nn.Module:
-        """The pipelined net during fit; outside fit, this rank's stages of the user's net (kept for later calls)."""
+        """The pipelined net during fit; outside fit, this rank's stages of the user's net (split once per call)."""
         if isinstance(net, PipelinedNet):
             return net
-        if id(net) not in self._eval_nets:
-            self._eval_nets[id(net)] = self._split(net)
-        return self._eval_nets[id(net)]
+        eval_nets = self.call_state.eval_nets
+        if id(net) not in eval_nets:
+            eval_nets[id(net)] = self._split(net)
+        return eval_nets[id(net)]
 
     # --- where outputs live ---------------------------------------------------------
     def training_step(self, net, inputs, target, step_fn, precision: Precision, divisor: int = 1):

@@ -1,22 +1,35 @@
 """The base of the memory-sharded strategies (FSDP, DeepSpeed, ZeRO, FairScale, pipeline, tensor parallel): each
-trains with an optimizer it builds over the parameters it shards, partitions or wraps. The hand-over is written
-here once: the built optimizer takes the user's optimizer state (a resumed or second fit's) and LR scheduler when
-the fit starts, and at its end the user's net and optimizer get the trained weights and state back.
+trains with an optimizer it builds over the parameters it shards, partitions or wraps. What they share is written
+here once: the user's optimizer rebuilt over the new parameters (`rebuilt_optimizer`), the hand-over (the built
+optimizer takes the user's optimizer state, a resumed or second fit's, and LR scheduler when the fit starts, and at
+its end the user's net and optimizer get the trained weights and state back), and for the strategies whose trained
+state may be too big for one rank (`ShardedState`: DTensor's, DeepSpeed) the evaluation copy, the sharded
+checkpoint and the `hand_back` flag.
 
-A subclass builds its optimizer in `setup`, sets its fit state (a `ShardedFit`, which holds that optimizer and the
-scheduler) and passes the user's optimizer to `take_over_optimizer`; it says how the trained weights reach the user's
-net (`hand_back_weights`, nothing where the user's net trained in place) and, where its `optimizer_state` may be
-sharded, how the full state is gathered (`full_optimizer_state`).
+A subclass builds its optimizer in `setup` (its own sharding), sets its fit state (a `ShardedFit`, which holds that
+optimizer and the scheduler) and passes the user's optimizer to `take_over_optimizer`; it says how the trained
+weights reach the user's net (`hand_back_weights`, nothing where the user's net trained in place) and, where its
+`optimizer_state` may be sharded, how the full state is gathered (`full_optimizer_state`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from easyfit.distributed.strategies.base import FitState
-from easyfit.distributed.strategy_parts.sharding import move_scheduler
+from easyfit.distributed.strategy_parts.sharding import (
+    directory_outside_fit,
+    move_scheduler,
+    optimizer_params,
+    param_names,
+    rebuild_optimizer,
+)
+
+#: the checkpoint formats of `ShardedState`: one consolidated file, or a directory each rank writes its shards to
+STATE_FORMATS = ("full", "sharded")
 
 
 @dataclass
@@ -29,11 +42,24 @@ class ShardedFit(FitState):
 
 
 class ShardedTraining:
-    """Mixed into a Strategy: the hand-over of the optimizer, scheduler and weights around a sharded fit."""
+    """Mixed into a Strategy: the rebuilt optimizer, and the hand-over of the optimizer, scheduler and weights around
+    a sharded fit."""
 
     #: put the full trained weights and optimizer state into the user's net and optimizer at the end of fit (a
     #: subclass may let the user turn it off for nets too big to gather on one rank)
     gather_at_end = True
+
+    @staticmethod
+    def rebuilt_optimizer(optimizer: torch.optim.Optimizer, user_net: torch.nn.Module | None = None,
+                          trained: torch.nn.Module | None = None, sharding: Callable | None = None):
+        """The user's optimizer (its class, hyper-parameters and param groups, no state) over `trained`'s parameters,
+        each matched to `user_net`'s by name (no `trained`: over the user's own parameters); with `sharding`
+        (ZeroRedundancyOptimizer, FairScale's OSS), that optimizer built around the user's class."""
+        if trained is None:
+            return rebuild_optimizer(optimizer, lambda param: param, sharding)
+        own = dict(trained.named_parameters())
+        names = dict(zip(map(id, optimizer_params(optimizer)), param_names(user_net, optimizer)))
+        return rebuild_optimizer(optimizer, lambda param: own[names[id(param)]], sharding)
 
     def take_over_optimizer(self, user_optimizer: torch.optim.Optimizer):
         """The fit's optimizer (`fit_state.optimizer`) continues from the user's optimizer state (a resumed or second
@@ -46,7 +72,7 @@ class ShardedTraining:
 
     def trains(self, optimizer) -> bool:
         """Whether `optimizer` is the one the running fit built, whose state is read and set the backend's way."""
-        return self.fit_state is not None and optimizer is self.fit_state.optimizer
+        return isinstance(self.fit_state, ShardedFit) and optimizer is self.fit_state.optimizer
 
     def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
         """The scheduler back on the user's optimizer; with `gather_at_end`, the full trained state into the user's
@@ -64,3 +90,77 @@ class ShardedTraining:
     def full_optimizer_state(self, optimizer) -> dict:
         """The trained optimizer state in the plain optimizer's format, whole, on every rank."""
         return self.optimizer_state(optimizer)
+
+
+class ShardedState(ShardedTraining):
+    """A sharded strategy whose trained state may be too big for one rank. Its backend says which net is the
+    running fit's sharded one (`trains_net`), how a plain copy of it is made (`gathered_copy`) and how its shards are
+    written and read (`save_shards`, `load_shards`).
+
+    Args:
+        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (a directory each rank writes
+            its shards to; for nets too big to gather on one rank).
+        hand_back: put the full trained weights into the user's net at the end of fit (False for nets too big to
+            gather on one rank: save a sharded checkpoint instead).
+    """
+
+    #: the running fit's net holds parameter shards, so its forward is a collective (False: whole parameters)
+    shards_parameters = True
+    #: what a sharded checkpoint directory is called where it cannot load (and what resumes it: `resuming_sharded`)
+    sharded_folder = "sharded"
+
+    def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if state_dict_type not in STATE_FORMATS:
+            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
+        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
+
+    # --- evaluation -----------------------------------------------------------------
+    def trains_net(self, net: torch.nn.Module) -> bool:
+        """The backend's: whether `net` is the running fit's sharded net (not the user's, nor one outside a fit)."""
+        raise NotImplementedError
+
+    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
+        """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
+        validation run the sharded net, every rank in step."""
+        return self.trains_net(net) and self.shards_parameters and not self.gather_at_end
+
+    def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The backend's: a plain copy of the user's net with the gathered weights of `net`, on this device."""
+        raise NotImplementedError
+
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
+        ranks may get different numbers of evaluation batches, and a sharded forward would wait for the others at
+        every layer. With hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
+        if not self.trains_net(net):
+            return super().module_for_eval(net)
+        return net if self.forward_in_lockstep(net) else self.gathered_copy(net)
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save_shards(self, path: str, state: dict) -> None:
+        """The backend's: write the running fit's `state` as a sharded checkpoint directory (each rank its shards)."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, path: str, state: dict) -> None:
+        """"full": one file written by rank 0. "sharded" (inside a fit): a directory each rank writes its shards to
+        (`save_shards`)."""
+        if self.state_dict_type == "full" or not isinstance(self.fit_state, ShardedFit):
+            return super().save_checkpoint(path, state)
+        self.save_shards(path, state)
+
+    def load_shards(self, path: str) -> dict:
+        """The backend's: the sharded directory at `path` loaded into the running fit; the rest of its state."""
+        raise NotImplementedError
+
+    def resuming_sharded(self) -> str:
+        """Under what a sharded checkpoint directory resumes, in words."""
+        return f"strategy={self.name!r}"
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Either format; a sharded directory inside a fit only, whose net and optimizer its shards load into."""
+        if not os.path.isdir(path):
+            return super().load_checkpoint(path)
+        if not isinstance(self.fit_state, ShardedFit):
+            raise directory_outside_fit(path, self.sharded_folder, self.resuming_sharded())
+        return self.load_shards(path)

@@ -11,6 +11,7 @@ and sums over ranks (the loss, metrics, predictions) count each TP group once.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -21,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from easyfit.distributed.strategies.dtensor import DTensorStrategy
 from easyfit.distributed.strategies.fsdp import fully_shard_net
+from easyfit.distributed.strategies.parallel import ParallelCall
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
 from easyfit.distributed.strategy_parts.tp_plan import Plan, check_sequence_parallel, parse_plan
 
@@ -58,6 +60,13 @@ def check_sequence_length(tp: int, net, args, kwargs) -> None:
                              f"{tuple(tensor.shape)}): pad the sequences to a multiple of {tp}")
 
 
+@dataclass
+class MeshCall(ParallelCall):
+    """A tensor-parallel call: its (dp, tp) device mesh, made when first needed (every rank makes it together)."""
+
+    mesh: DeviceMesh | None = None
+
+
 class ModelParallelStrategy(DTensorStrategy):
     """Tensor parallelism inside groups of `tensor_parallel_size` ranks, FSDP2 over `data_parallel_size` groups.
 
@@ -92,8 +101,8 @@ class ModelParallelStrategy(DTensorStrategy):
                              "entries (e.g. for the LayerNorms) or a callable plan")
         self.tensor_parallel_size, self.data_parallel_size_asked = tensor_parallel_size, data_parallel_size
         self.plan, self.sequence_parallel, self.loss_parallel = plan, sequence_parallel, loss_parallel
+        #: the plan found for the call's net by `check_net`, before any process starts (None: a callable plan)
         self.found: Plan | None = None
-        self._mesh: DeviceMesh | None = None
         self.name = "tp" if data_parallel_size == 1 else "fsdp_tp"
 
     def configure(self, *args, **kwargs) -> None:
@@ -124,10 +133,14 @@ class ModelParallelStrategy(DTensorStrategy):
         tp = self.shape[1]
         return f"data-parallel group{'s' if self.batch_factor != 1 else ''} of {tp} tensor-parallel ranks"
 
+    def new_call_state(self) -> MeshCall:
+        return MeshCall()
+
     def build_mesh(self) -> DeviceMesh:
-        if self._mesh is None:
-            self._mesh = init_device_mesh(self.root_device.type, self.shape, mesh_dim_names=("dp", "tp"))
-        return self._mesh
+        call = self.call_state
+        if call.mesh is None:
+            call.mesh = init_device_mesh(self.root_device.type, self.shape, mesh_dim_names=("dp", "tp"))
+        return call.mesh
 
     # --- checks, before any rank starts -----------------------------------------------
     def plan_for(self, net: torch.nn.Module) -> Plan | None:
@@ -156,11 +169,11 @@ class ModelParallelStrategy(DTensorStrategy):
     # --- sharding ---------------------------------------------------------------------
     def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
         from easyfit.distributed.strategy_parts.tp_apply import apply_plan
-        self.found = self.plan_for(net)
-        if self.found is None:
+        plan = self.plan_for(net)   # of the training copy
+        if plan is None:
             self.plan(net, mesh["tp"])
         else:
-            apply_plan(net, mesh["tp"], self.found, self.loss_parallel, self.sequence_parallel)
+            apply_plan(net, mesh["tp"], plan, self.loss_parallel, self.sequence_parallel)
         if self.sequence_parallel:
             net.register_forward_pre_hook(functools.partial(check_sequence_length, self.shape[1]), with_kwargs=True)
         if self.data_parallel_size > 1:

@@ -21,7 +21,7 @@ import torch
 
 from easyfit.data.contents import move_to_device
 from easyfit.distributed.collectives import XlaCollectives
-from easyfit.distributed.strategies.base import FitState, Strategy
+from easyfit.distributed.strategies.base import CallState, FitState, Strategy
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -62,6 +62,15 @@ def on_xla_cpu() -> bool:
 
 
 @dataclass
+class XLACall(CallState):
+    """An XLA call in the process that holds the device (from `setup_environment`): the device, and evaluate's or
+    predict's (net, its copy on the device)."""
+
+    device: torch.device
+    eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None
+
+
+@dataclass
 class XLAFit(FitState):
     """An XLA fit: the net and optimizer trained in place on the device (brought back to the CPU at its end), and
     whether this step's gradients were averaged already (before clipping)."""
@@ -81,12 +90,8 @@ class XLAStrategy(Strategy):
 
     def __init__(self):
         require_torch_xla()
-        super().__init__()
         self.all_devices = False   # launch one process per device of this host (set by configure)
         self.device_count: int | None = None   # the number of devices the call asked for (None: every one)
-        self.running = False   # this process holds its XLA device (setup_environment ran)
-        #: an evaluate / predict call's (net, its copy on the device), dropped at the call's end (no fit holds one)
-        self._eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None
 
     def configure(self, accelerator: str = "tpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment=None, process_group_backend: str | None = None) -> None:
@@ -121,6 +126,16 @@ class XLAStrategy(Strategy):
 
     # --- identity -------------------------------------------------------------------
     @property
+    def running(self) -> bool:
+        """This process holds its XLA device: a call runs here (`setup_environment` ran)."""
+        return self.call_state is not None
+
+    @property
+    def root_device(self) -> torch.device:
+        """The XLA device while a call runs here; the CPU before."""
+        return self.call_state.device if self.running else CPU
+
+    @property
     def world_size(self) -> int:
         return self._runtime().world_size() if self.running else 1
 
@@ -146,8 +161,7 @@ class XLAStrategy(Strategy):
     # --- life -----------------------------------------------------------------------
     def setup_environment(self) -> None:
         import torch_xla
-        self.root_device = torch_xla.device()
-        self.running = True
+        self.call_state = XLACall(torch_xla.device())
         local = self._runtime().local_device_count() if self.all_devices else 1
         if self.device_count not in (None, local):
             raise ValueError(f"devices={self.device_count}, but torch_xla runs one process per device of this host, "
@@ -170,23 +184,23 @@ class XLAStrategy(Strategy):
         the user's net and optimizer keep their parameters."""
         if all(tensor.device == self.root_device for tensor in _tensors(net)):
             return net
-        if self._eval_copy is None or self._eval_copy[0] is not net:
-            self._eval_copy = (net, copy.deepcopy(net).to(self.root_device))
-        return self._eval_copy[1]
+        call = self.call_state
+        if call.eval_copy is None or call.eval_copy[0] is not net:
+            call.eval_copy = (net, copy.deepcopy(net).to(self.root_device))
+        return call.eval_copy[1]
 
     def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
                   net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
         back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
         fit = self.fit_state
-        if fit is not None:
+        if isinstance(fit, XLAFit):
             move(fit.net, fit.optimizer, CPU)
         super().hand_back(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:
         """A fit that failed leaves the net on the CPU too."""
         self.hand_back(None, None, None, None)
-        self._eval_copy = None
         super().teardown()
 
     # --- data -----------------------------------------------------------------------

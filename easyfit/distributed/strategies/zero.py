@@ -9,7 +9,6 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from easyfit.distributed.strategies.ddp import DDPFit, DDPStrategy
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
-from easyfit.distributed.strategy_parts.sharding import constructor_defaults, regrouped
 
 
 @dataclass
@@ -28,9 +27,7 @@ class ZeroStrategy(ShardedTraining, DDPStrategy):
 
     def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
         net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
-        cls = type(optimizer)
-        sharded = ZeroRedundancyOptimizer(regrouped(optimizer, lambda p: p), optimizer_class=cls,
-                                          **constructor_defaults(cls, optimizer.defaults))
+        sharded = self.rebuilt_optimizer(optimizer, sharding=ZeroRedundancyOptimizer)
         ddp = self.fit_state
         self.fit_state = ZeroFit(wrapped=ddp.wrapped, hook_state=ddp.hook_state, optimizer=sharded, scheduler=scheduler)
         return net, self.take_over_optimizer(optimizer), scheduler

@@ -62,16 +62,19 @@ def regrouped(optimizer: torch.optim.Optimizer, new_param: Callable[[torch.Tenso
     return [dict(group, params=[new_param(p) for p in group["params"]]) for group in optimizer.param_groups]
 
 
-def rebuild_optimizer(optimizer: torch.optim.Optimizer,
-                      new_param: Callable[[torch.Tensor], torch.Tensor]) -> torch.optim.Optimizer:
-    """An optimizer of the user's class, hyper-parameters and param groups, over new parameters (no state)."""
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, new_param: Callable[[torch.Tensor], torch.Tensor],
+                      sharding: Callable | None = None) -> torch.optim.Optimizer:
+    """An optimizer of the user's class, hyper-parameters and param groups, over new parameters (no state); with
+    `sharding(groups, cls, **defaults)` (ZeroRedundancyOptimizer, FairScale's OSS), that optimizer around the class."""
     cls = type(optimizer)
+    groups, defaults = regrouped(optimizer, new_param), constructor_defaults(cls, optimizer.defaults)
     try:
-        rebuilt = cls(regrouped(optimizer, new_param), **constructor_defaults(cls, optimizer.defaults))
+        rebuilt = cls(groups, **defaults) if sharding is None else sharding(groups, cls, **defaults)
     except TypeError as error:
         raise TypeError(f"could not rebuild the optimizer {cls.__name__} over the sharded parameters ({error}); "
                         "pass Model an optimizer factory params -> Optimizer instead") from error
-    rebuilt.defaults = dict(optimizer.defaults)
+    if sharding is None:
+        rebuilt.defaults = dict(optimizer.defaults)
     return rebuilt
 
 
