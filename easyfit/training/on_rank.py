@@ -62,7 +62,7 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
 
 
 def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
-    """Train `model` on (x, y) under its strategy; every rank ends with the trained state (hand_back)."""
+    """Train `model` on (x, y) under its strategy; every rank ends with the trained state (the strategy's `end_fit`)."""
     strategy, precision = model.strategy, model._precision
     validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
     if options.validation_split:   # with validation_data too is refused by the plan
@@ -89,7 +89,7 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
         model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
         model.loss_fn = weighted_loss
         train_epochs(model, options, train, val, settings, objects)
-    strategy.hand_back(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
+    strategy.end_fit(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
     return model.history
 
 

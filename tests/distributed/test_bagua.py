@@ -167,7 +167,7 @@ def test_contract_async_averaging_pauses_for_evaluation_and_stops_after_training
     assert net.bagua_algorithm.calls == ["abort"]
     strategy.zero_grad(optimizer)   # the next training step
     assert net.bagua_algorithm.calls == ["abort", "resume"]
-    strategy.hand_back(net, optimizer, net, optimizer)
+    strategy.end_fit(net, optimizer, net, optimizer)
     assert net.bagua_algorithm.calls == ["abort", "resume", "abort"]
 
 

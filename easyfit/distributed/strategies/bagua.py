@@ -154,7 +154,7 @@ class BaguaStrategy(ParallelStrategy):
     # --- the asynchronous algorithm pauses around evaluation -----------------------
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Stop background averaging while evaluating in a fit, so every rank evaluates fixed weights (after the fit
-        it is stopped already: `hand_back`)."""
+        it is stopped already: `end_fit`)."""
         fit = self.fit_state
         if self.algorithm == "async" and hasattr(net, "bagua_ddp") and fit is not None and fit.paused is None:
             net.bagua_algorithm.abort(net)
@@ -169,11 +169,11 @@ class BaguaStrategy(ParallelStrategy):
             fit.paused = None
         super().zero_grad(optimizer)
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
         """The fit ended: stop the background averaging (Bagua asks for abort after training)."""
         if self.algorithm == "async" and self.fit_state.paused is None:
             net.bagua_algorithm.abort(net)
-        super().hand_back(user_net, user_optimizer, net, optimizer)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(algorithm={self.algorithm!r}, options={self.algorithm_options})"

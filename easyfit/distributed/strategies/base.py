@@ -8,7 +8,7 @@ correct single-process backend, so a backend overrides only what it does differe
 A strategy object is configuration (what the user and the connector set; pickled to spawned ranks), written by no
 method after `configure`. What one call holds in this process (process groups, a mesh, the CPU cores' share) is its
 `call_state` (`setup_environment` to `teardown`); what one fit holds (its settings, then the wrapped net, an engine,
-step flags) its `fit_state` (`configure_training` to `hand_back` or `teardown`). Neither is pickled.
+step flags) its `fit_state` (`configure_training` to `end_fit` or `teardown`). Neither is pickled.
 """
 from __future__ import annotations
 
@@ -212,8 +212,8 @@ class Strategy:
         align_state(optimizer)
         return net, optimizer, scheduler
 
-    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
-                  net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
+                net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
         state into the user's optimizer (nothing to do when they were trained in place, as here); the fit state is
         dropped. A backend's override ends with this one."""

@@ -2,9 +2,9 @@
 of the user's net is a hook (`build_mesh`, `shard`); everything around it is here once.
 
 The user's net is not sharded in place: a copy is, the user's optimizer is rebuilt over the copy's parameters, and at
-the end of fit the full trained weights are loaded back into the user's net (`hand_back`), which evaluate, predict
-and `model.save` then use. State dicts gather each DTensor into a full tensor (a collective) unless the checkpoint
-format is "sharded": a torch.distributed.checkpoint directory each rank writes its slices to.
+the end of fit the full trained weights are loaded back into the user's net (`hand_back=True`, the default), which
+evaluate, predict and `model.save` then use. State dicts gather each DTensor into a full tensor (a collective)
+unless the checkpoint format is "sharded": a torch.distributed.checkpoint directory each rank writes its slices to.
 """
 from __future__ import annotations
 

@@ -42,9 +42,9 @@ class ShardedStrategy(ShardedTraining, DDPStrategy):
         fit.wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer))   # once it took over
         return fit.wrapped, sharded, scheduler
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
         self._drop_gradients()
-        super().hand_back(user_net, user_optimizer, net, optimizer)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:
         self._drop_gradients()

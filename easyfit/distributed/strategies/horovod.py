@@ -129,9 +129,9 @@ class HorovodStrategy(MultiProcessStrategy):
         _share_state(optimizer, wrapped)
         return net, wrapped, scheduler
 
-    def hand_back(self, user_net, user_optimizer, net, optimizer) -> None:
+    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
         _share_state(optimizer, user_optimizer)
-        super().hand_back(user_net, user_optimizer, net, optimizer)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again

@@ -47,7 +47,7 @@ class ShardedTraining:
 
     #: put the full trained weights and optimizer state into the user's net and optimizer at the end of fit (a
     #: subclass may let the user turn it off for nets too big to gather on one rank)
-    gather_at_end = True
+    hand_back = True
 
     @staticmethod
     def rebuilt_optimizer(optimizer: torch.optim.Optimizer, user_net: torch.nn.Module | None = None,
@@ -74,15 +74,15 @@ class ShardedTraining:
         """Whether `optimizer` is the one the running fit built, whose state is read and set the backend's way."""
         return isinstance(self.fit_state, ShardedFit) and optimizer is self.fit_state.optimizer
 
-    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
-        """The scheduler back on the user's optimizer; with `gather_at_end`, the full trained state into the user's
+    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
+        """The scheduler back on the user's optimizer; with `hand_back`, the full trained state into the user's
         optimizer and the trained weights into the user's net (every rank)."""
         move_scheduler(self.fit_state.scheduler, user_optimizer)
-        if self.gather_at_end:
+        if self.hand_back:
             full_optimizer = self.full_optimizer_state(optimizer)
             self.hand_back_weights(user_net, user_optimizer, net)
             user_optimizer.load_state_dict(full_optimizer)
-        super().hand_back(user_net, user_optimizer, net, optimizer)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def hand_back_weights(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net) -> None:
         """Put the trained weights of `net` into `user_net`: nothing to do where the user's net trained in place."""
@@ -113,7 +113,7 @@ class ShardedState(ShardedTraining):
         super().__init__(*args, **kwargs)
         if state_dict_type not in STATE_FORMATS:
             raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
-        self.state_dict_type, self.gather_at_end = state_dict_type, hand_back
+        self.state_dict_type, self.hand_back = state_dict_type, hand_back
 
     # --- evaluation -----------------------------------------------------------------
     def trains_net(self, net: torch.nn.Module) -> bool:
@@ -123,7 +123,7 @@ class ShardedState(ShardedTraining):
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
         """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
         validation run the sharded net, every rank in step."""
-        return self.trains_net(net) and self.shards_parameters and not self.gather_at_end
+        return self.trains_net(net) and self.shards_parameters and not self.hand_back
 
     def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
         """The backend's: a plain copy of the user's net with the gathered weights of `net`, on this device."""

@@ -24,7 +24,7 @@ from easyfit.distributed.strategies.dtensor import DTensorStrategy
 from easyfit.distributed.strategies.fsdp import fully_shard_net
 from easyfit.distributed.strategies.parallel import ParallelCall
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
-from easyfit.distributed.strategy_parts.tp_plan import Plan, check_sequence_parallel, parse_plan
+from easyfit.distributed.strategy_parts.tp_plan import SplitPlan, check_sequence_parallel, parse_plan
 
 
 def check_size(value, name: str) -> None:
@@ -102,7 +102,7 @@ class ModelParallelStrategy(DTensorStrategy):
         self.tensor_parallel_size, self.data_parallel_size_asked = tensor_parallel_size, data_parallel_size
         self.plan, self.sequence_parallel, self.loss_parallel = plan, sequence_parallel, loss_parallel
         #: the plan found for the call's net by `check_net`, before any process starts (None: a callable plan)
-        self.found: Plan | None = None
+        self.found: SplitPlan | None = None
         self.name = "tp" if data_parallel_size == 1 else "fsdp_tp"
 
     def configure(self, *args, **kwargs) -> None:
@@ -143,7 +143,7 @@ class ModelParallelStrategy(DTensorStrategy):
         return call.mesh
 
     # --- checks, before any rank starts -----------------------------------------------
-    def plan_for(self, net: torch.nn.Module) -> Plan | None:
+    def plan_for(self, net: torch.nn.Module) -> SplitPlan | None:
         """The plan for `net` (None: the user's callable splits it); raises on a plan that does not fit it."""
         if callable(self.plan) and not isinstance(self.plan, dict):
             return None

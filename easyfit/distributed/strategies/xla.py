@@ -189,18 +189,18 @@ class XLAStrategy(Strategy):
             call.eval_copy = (net, copy.deepcopy(net).to(self.root_device))
         return call.eval_copy[1]
 
-    def hand_back(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
-                  net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
+                net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
         back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
         fit = self.fit_state
         if isinstance(fit, XLAFit):
             move(fit.net, fit.optimizer, CPU)
-        super().hand_back(user_net, user_optimizer, net, optimizer)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:
         """A fit that failed leaves the net on the CPU too."""
-        self.hand_back(None, None, None, None)
+        self.end_fit(None, None, None, None)
         super().teardown()
 
     # --- data -----------------------------------------------------------------------

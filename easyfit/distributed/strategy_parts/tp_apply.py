@@ -1,4 +1,5 @@
-"""A Plan carried out on the training copy of a net: each split as torch's ParallelStyle, tied weights tied again."""
+"""A SplitPlan carried out on the training copy of a net: each split as torch's ParallelStyle, tied weights tied
+again."""
 from __future__ import annotations
 
 from torch import nn
@@ -13,10 +14,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 from easyfit.distributed.strategy_parts.tp_attention import HeadParallel
-from easyfit.distributed.strategy_parts.tp_plan import Plan, Split, retie, tied_groups
+from easyfit.distributed.strategy_parts.tp_plan import Split, SplitPlan, retie, tied_groups
 
 
-def output_layer(plan: Plan) -> Split:
+def output_layer(plan: SplitPlan) -> Split:
     """The split whose output is the net's logits under loss_parallel: the plan's last, a gathered column-wise
     Linear (its output is then left split over the classes)."""
     last = plan.splits[-1] if plan.splits else None
@@ -50,7 +51,7 @@ def torch_style(split: Split, module: nn.Module, logits: bool = False, sequence:
     return ColwiseParallel(input_layouts=between, output_layouts=Replicate() if split.gather else Shard(-1))
 
 
-def apply_plan(net: nn.Module, mesh: DeviceMesh, plan: Plan, loss_parallel: bool = False,
+def apply_plan(net: nn.Module, mesh: DeviceMesh, plan: SplitPlan, loss_parallel: bool = False,
                sequence_parallel: bool = False) -> None:
     """Split `net`'s modules over the 1-D TP `mesh` as `plan` says, in place."""
     modules = dict(net.named_modules())

@@ -18,7 +18,7 @@ import inspect
 
 from torch import nn
 
-from easyfit.distributed.strategy_parts.tp_plan import Plan, Split, heads_problem, weight_dims
+from easyfit.distributed.strategy_parts.tp_plan import Split, SplitPlan, heads_problem, weight_dims
 
 #: modules that act on each value alone, which may sit between a column-wise and a row-wise Linear
 ELEMENTWISE = (nn.Identity, nn.Dropout, nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU,
@@ -49,11 +49,11 @@ def elementwise(activation) -> bool:
 
 
 class Planner:
-    """One walk over the net, filling a Plan."""
+    """One walk over the net, filling a SplitPlan."""
 
     def __init__(self, net: nn.Module, tp_size: int):
         self.net, self.tp = net, tp_size
-        self.plan = Plan(tp_size)
+        self.plan = SplitPlan(tp_size)
         self.handled: set[str] = set()
 
     def split(self, path: str, style: str, gather: bool = False) -> None:
@@ -154,7 +154,7 @@ class Planner:
                                                  ", which cannot be split the same way"
 
 
-def auto_plan(net: nn.Module, tp_size: int) -> Plan:
+def auto_plan(net: nn.Module, tp_size: int) -> SplitPlan:
     """The plan "auto" finds for `net` on `tp_size` ranks."""
     planner = Planner(net, tp_size)
     planner.visit(net, "")

@@ -38,7 +38,7 @@ class Split:
 
 
 @dataclass
-class Plan:
+class SplitPlan:
     """The splits, and each module with parameters left whole on every rank with the reason."""
     tp_size: int
     splits: list[Split] = field(default_factory=list)
@@ -117,7 +117,7 @@ def check_divides(path: str, module: nn.Module, style: str, tp_size: int) -> Non
                              f"whole on every rank), or use a tensor_parallel_size that divides {size}")
 
 
-def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> Plan:
+def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> SplitPlan:
     """A user's dict plan, its patterns matched against the net's module names, each style checked against the
     module it names."""
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -145,7 +145,7 @@ def parse_plan(net: nn.Module, plan: dict, tp_size: int) -> Plan:
                 check_heads(path, modules[path], tp_size)
             check_divides(path, modules[path], style, tp_size)
             splits[path] = Split(path, style)
-    result = Plan(tp_size, gather_lone_columns([splits[path] for path in modules if path in splits], modules))
+    result = SplitPlan(tp_size, gather_lone_columns([splits[path] for path in modules if path in splits], modules))
     check_ties(net, result)
     return result
 
@@ -161,7 +161,7 @@ def gather_lone_columns(splits: list[Split], modules: dict[str, nn.Module]) -> l
             for index, split in enumerate(splits)]
 
 
-def check_sequence_parallel(net: nn.Module, plan: Plan, sequence_parallel: bool) -> None:
+def check_sequence_parallel(net: nn.Module, plan: SplitPlan, sequence_parallel: bool) -> None:
     """Under sequence parallelism the activations between the splits hold each rank's part of the sequence, so every
     module with parameters must be in the plan (a norm as "sequence") and attention must take (batch, sequence, ...)
     inputs; "sequence" splits without it would take a whole sequence for a part."""
@@ -194,7 +194,7 @@ WEIGHT_DIM = {("colwise", nn.Linear): 0, ("rowwise", nn.Linear): 1, ("colwise", 
               ("rowwise", nn.Embedding): 0}
 
 
-def weight_dims(net: nn.Module, plan: Plan) -> dict[int, tuple[str, int | None]]:
+def weight_dims(net: nn.Module, plan: SplitPlan) -> dict[int, tuple[str, int | None]]:
     """id(weight) -> (path, the dimension the plan shards it along), for the weights of Linear and Embedding
     layers, split or not."""
     splits = {split.path: split.style for split in plan.splits}
@@ -206,7 +206,7 @@ def weight_dims(net: nn.Module, plan: Plan) -> dict[int, tuple[str, int | None]]
     return dims
 
 
-def check_ties(net: nn.Module, plan: Plan) -> None:
+def check_ties(net: nn.Module, plan: SplitPlan) -> None:
     """A weight shared by two layers (a tied embedding and output layer) must be split the same way in both."""
     for holders in weight_dims(net, plan).values():
         if len({dim for _, dim in holders}) > 1:

@@ -32,12 +32,12 @@ def left_behind(before: dict, after: dict) -> dict:
 
 def recording(call_on_rank, found: dict):
     """`call_on_rank` that records, per fit, what it left on the strategy (`left_behind`)."""
-    def call(plan, work, model, **inputs):
+    def call(plan, model, **inputs):
         before = dict(vars(plan.strategy))
         try:
-            return call_on_rank(plan, work, model, **inputs)
+            return call_on_rank(plan, model, **inputs)
         finally:
-            if plan.method == "fit":
+            if plan.kind.trains:
                 found[plan.strategy.name] = left_behind(before, dict(vars(plan.strategy)))
     return call
 
