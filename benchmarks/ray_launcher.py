@@ -66,7 +66,10 @@ def bare_loop(config: dict) -> None:
 
 
 class StepStamps(Callback):
-    """Rank 0's time at the start of every step, and at the end of the last."""
+    """Rank 0's time at the start of every step, and at the end of the last. It never stops training (a callback
+    whose batch hooks may stop it makes every rank agree after each step: one small all-reduce the bare loop lacks)."""
+
+    may_stop_training = False
 
     def __init__(self, out: str):
         self.out, self.stamps = out, []
