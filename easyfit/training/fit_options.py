@@ -29,27 +29,16 @@ def _check_epochs(value, name: str) -> None:
         check_positive_int(value, name, "a non-negative integer")
 
 
-def _positive_or_none(expected: str) -> Callable[[Any, str], None]:
-    def check(value, name: str) -> None:
+def _or_none(check: Callable, expected: str) -> Callable[[Any, str], None]:
+    """`check(value, name, expected)` for a value that may also be None."""
+    def check_given(value, name: str) -> None:
         if value is not None:
-            check_positive_int(value, name, expected)
-    return check
+            check(value, name, expected)
+    return check_given
 
 
 def _check_initial_epoch(value, name: str) -> None:
     check_non_negative_int(value, name, "a non-negative integer (the epoch to start at, counted from 0)")
-
-
-def _check_clip(value, name: str) -> None:
-    if value is not None:   # 0 would freeze training, a negative value reverse it
-        check_positive_number(value, name, "a positive number (the largest total gradient norm), or None for no "
-                                           "clipping")
-
-
-def _check_max_restarts(value, name: str) -> None:
-    if value is not None and not (type(value) is int and value >= 0):
-        raise ValueError(f"{name} must be a non-negative integer (how often easyfit's launcher restarts the ranks "
-                         f"after a failure), got {value!r}")
 
 
 def _check_fault_tolerance(value, name: str) -> None:
@@ -91,9 +80,9 @@ FIT_OPTIONS: list[FitOption] = [
     FitOption("sample_weight", None, "one weight per training sample, for array / tensor `x`"),
     FitOption("initial_epoch", 0, "the epoch to start at, e.g. to continue a previous fit", _check_initial_epoch),
     FitOption("steps_per_epoch", None, "batches per epoch; None: all of them",
-              _positive_or_none("a positive integer or None")),
+              _or_none(check_positive_int, "a positive integer or None")),
     FitOption("validation_steps", None, "validation batches per evaluation; None: all of them",
-              _positive_or_none("a positive integer or None")),
+              _or_none(check_positive_int, "a positive integer or None")),
     FitOption("validation_batch_size", None, "the validation batch size; None: batch_size"),
     FitOption("validation_freq", 1, "validate every this many epochs", check_positive_int),
     FitOption("seed", 0, "the seed of the shuffle order", keyword_only=True),
@@ -102,18 +91,22 @@ FIT_OPTIONS: list[FitOption] = [
     FitOption("gradient_accumulation_steps", 1, "batches whose gradients make one optimizer step",
               check_positive_int, keyword_only=True, setting=True),
     FitOption("gradient_clip_val", None, "clip the total gradient norm to this value; None: no clipping",
-              _check_clip, keyword_only=True, setting=True, in_step_key=True),
+              # 0 would freeze training, a negative value reverse it
+              _or_none(check_positive_number, "a positive number (the largest total gradient norm), or None for no "
+                                              "clipping"), keyword_only=True, setting=True, in_step_key=True),
     FitOption("lr_scaling", "linear", 'scale the LR by the batches per step: "linear", "sqrt" or None',
               lambda value, name: lr_multiplier(value, 1), keyword_only=True),
     FitOption("lr_warmup_epochs", 0, "ramp the LR from the unscaled to the scaled value over this many epochs",
               keyword_only=True),
     FitOption("max_restarts", None, "restart the ranks of a failed attempt this often; None: easyfit.launch's, "
-              "or 0", _check_max_restarts, keyword_only=True),
+              "or 0", _or_none(check_non_negative_int, "a non-negative integer (how often easyfit's launcher "
+                                                       "restarts the ranks after a failure)"), keyword_only=True),
     FitOption("fault_tolerance", None, "None: checkpoint under a launcher that restarts ranks; False: off; or the "
               "folder of its checkpoints", _check_fault_tolerance, keyword_only=True),
     FitOption("fault_tolerance_every_n_steps", None, "also checkpoint every this many optimizer steps; None: at "
-              "each epoch end only", _positive_or_none("a positive number of optimizer steps, or None (a "
-                                                       "checkpoint at each epoch end only)"), keyword_only=True),
+              "each epoch end only", _or_none(check_positive_int, "a positive number of optimizer steps, or None "
+                                                                  "(a checkpoint at each epoch end only)"),
+              keyword_only=True),
     FitOption("steps_per_execution", "auto", 'with compile=, training steps per compiled call; "auto" picks '
               "(docs/api.md; checked with compile=)", keyword_only=True, setting=True),
 ]

@@ -120,11 +120,12 @@ class Loop:
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
         self._check_even_batches(num_batches)
+        # a backend that accumulates divides the loss itself (divisor 1)
         epoch_run = TrainingEpoch(batches, tracker, num_batches, accumulate,
-                       1 if strategy.handles_accumulation else accumulate,   # a backend that accumulates divides
-                       callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
-                       strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
-                       self.steps.step("train"))
+                                  1 if strategy.handles_accumulation else accumulate,
+                                  callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
+                                  strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
+                                  self.steps.step("train"))
         epoch_run.plain, epoch_run.has_metrics = _runner(epoch_run.forward_loss, self.loss_fn, None), bool(self.metrics)
         remaining, first = model.position.begin(batches, tracker, accumulate, epoch)   # first > 0: mid-epoch resume
         net.train()

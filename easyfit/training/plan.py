@@ -23,18 +23,12 @@ from easyfit.training.fit_options import FitOptions
 from easyfit.utils.checks import check_positive_int, check_verbose
 
 
-def check_fit_options(options: FitOptions, loss_fn=None) -> FitOptions:
-    """Raise, before any training work, on a fit option that is out of range (each one's own check, `FIT_OPTIONS`)
-    or that does not fit another or the Model's loss (`loss_fn`), saying what is accepted; the options in the forms
-    easyfit uses (the forms Keras accepts brought to them)."""
-    options = options.checked()
-    check_validation_and_weights(options, loss_fn)
-    return options
-
-
 def check_fit_call(model, options: FitOptions) -> FitOptions:
-    """fit's options checked against each other and the Model's loss, with launch()'s default number of restarts."""
-    options = check_fit_options(options, model.loss_fn)
+    """Raise, before any training work, on a fit option that is out of range (each one's own check, `FIT_OPTIONS`)
+    or that does not fit another or the Model's loss, saying what is accepted; the options in the forms easyfit uses
+    (the forms Keras accepts brought to them), with launch()'s default number of restarts."""
+    options = options.checked()
+    check_validation_and_weights(options, model.loss_fn)
     return options.replace(max_restarts=max_restarts_for(options.max_restarts))
 
 
