@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +38,26 @@ def finished(process: subprocess.Popen, timeout: float = 200) -> subprocess.Comp
     """A started script's end, as subprocess.run returns it."""
     stdout, stderr = process.communicate(timeout=timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def finished_together(processes: list[subprocess.Popen], timeout: float = 200) -> list[subprocess.CompletedProcess]:
+    """The ends of started processes that wait for one another (the nodes of one run): the first to fail stops the
+    others at once, whose rendezvous would wait for it until their timeout; past `timeout` all are stopped."""
+    with ThreadPoolExecutor(len(processes)) as pool:
+        ends = {pool.submit(process.communicate): process for process in processes}
+        pending, deadline = set(ends), time.monotonic() + timeout
+        try:
+            while pending and all(ends[end].returncode == 0 for end in ends if end.done()):
+                done, pending = wait(pending, timeout=max(deadline - time.monotonic(), 0), return_when=FIRST_COMPLETED)
+                if not done:
+                    raise subprocess.TimeoutExpired(processes[0].args, timeout)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+        outputs = [end.result() for end in ends]
+    return [subprocess.CompletedProcess(process.args, process.returncode, *output)
+            for process, output in zip(processes, outputs)]
 
 
 def launch_early(request, tmp_path_factory, test: str, *args: str, script: str):

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 import pytest
 import torch
 
 import easyfit
+from easyfit.distributed import environments
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import (
+    FIRST_CHOSEN_PORT,
     LAUNCHED_RANK_VARIABLE,
     DeepSpeedEnvironment,
     LocalEnvironment,
@@ -18,6 +21,7 @@ from easyfit.distributed.environments import (
     TorchElasticEnvironment,
     detect_environment,
     find_free_port,
+    outgoing_ports_start,
 )
 from easyfit.distributed.environments.slurm import SLURMEnvironment, expand_nodelist
 from easyfit.distributed.launchers import RelaunchedRankLauncher
@@ -139,7 +143,20 @@ def test_plain_run_on_several_nodes_needs_the_variables_that_join_them(env):
         LocalEnvironment().validate(num_nodes=2, devices_per_node=1)
 
 
-def test_free_port_can_be_bound():
+def test_free_port_can_be_bound_and_no_outgoing_connection_can_take_it():
+    state = random.getstate()
+    ports = [find_free_port() for _ in range(20)]
+    assert random.getstate() == state, "choosing a port must leave the user's random state alone"
+    with socket.socket() as sock:
+        sock.bind(("", ports[0]))
+    assert all(FIRST_CHOSEN_PORT <= port < outgoing_ports_start() for port in ports)
+    assert len(set(ports)) > 1
+
+
+def test_a_port_is_still_found_where_no_room_lies_below_the_outgoing_ports(tmp_path, monkeypatch):
+    (tmp_path / "range").write_text("1024\t65535\n")
+    monkeypatch.setattr(environments, "OUTGOING_PORTS_FILE", str(tmp_path / "range"))
+    assert environments.outgoing_ports_start() == 1024
     with socket.socket() as sock:
         sock.bind(("", find_free_port()))
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from runner import SCRIPTS, assert_exact_evaluation, assert_same_weights, reference_weights, result
+from runner import SCRIPTS, assert_exact_evaluation, assert_same_weights, finished_together, reference_weights, result
 
 from easyfit.distributed.environments import find_free_port
 
@@ -35,15 +35,9 @@ def test_two_pods_of_a_pytorchjob_train_as_plain_pytorch_on_the_combined_batch(t
         pods.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", str(SCRIPTS / "train.py"),
                                       str(out), "ddp", "--lr", "0.1", "--devices", "1", "--num-nodes", "2"],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        outputs = [pod.communicate(timeout=200) for pod in pods]
-    finally:
-        for pod in pods:
-            if pod.poll() is None:
-                pod.kill()
-                pod.wait()
-    for pod, (_, stderr) in zip(pods, outputs):
-        assert pod.returncode == 0, stderr[-4000:]
+    ends = finished_together(pods)
+    for end in ends:
+        assert end.returncode == 0, end.stderr[-4000:]
     outcome = result(tmp_path / "pod0")
     assert outcome["world_size"] == 2 and not (tmp_path / "pod1" / "result.pt").exists()
     assert_same_weights(outcome["state"], reference_weights(0.1))

@@ -69,7 +69,7 @@ def test_linear_lr_scaling_matches_one_process_with_the_scaled_lr(strategy, laun
 def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
     """One launch of two nodes of one process each: lr 0.1 without LR scaling, then a new Model at lr 0.05 with
     linear scaling; both train as one process at lr 0.1 on the combined batch."""
-    from runner import start_script
+    from runner import finished_together, start_script
 
     from easyfit.distributed.environments import find_free_port
     port = str(find_free_port())
@@ -77,12 +77,8 @@ def test_ddp2_two_nodes_on_localhost_match_plain_pytorch(tmp_path):
                           "--then-linear", "0.05",
                           env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank)})
              for rank in range(2)]
-    try:
-        outputs = [node.communicate(timeout=180) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    ends = finished_together(nodes, timeout=180)
+    assert [end.returncode for end in ends] == [0, 0], ends[0].stderr[-3000:] + ends[1].stderr[-3000:]
     found = result(tmp_path)
     for outcome in (found, found["linear"]):
         assert outcome["params"]["world_size"] == 2

@@ -20,7 +20,9 @@ A one-task SLURM job (`#SBATCH --ntasks=1 --gres=gpu:4`) is left to easyfit's ow
 from __future__ import annotations
 
 import os
+import random
 import socket
+from pathlib import Path
 
 from easyfit.distributed.environments.base import ClusterEnvironment, all_set, env_value
 from easyfit.distributed.environments.ray_train import RayEnvironment
@@ -34,15 +36,43 @@ START_DIRECTORY = os.getcwd()
 #: the MASTER_PORT this process was started with (None: easyfit chooses the ports of the ranks it starts)
 GIVEN_PORT = os.environ.get("MASTER_PORT")
 DEFAULT_PORT = 29500
+#: ports easyfit chooses for the ranks it starts lie from here (above Ray's worker ports) to the outgoing range
+FIRST_CHOSEN_PORT = 20000
+PORT_DRAWS = 64
+OUTGOING_PORTS_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 RANKS = ("world_size", "global_rank", "local_rank")
 TORCH_RANKS = {"world_size": "WORLD_SIZE", "global_rank": "RANK", "local_rank": "LOCAL_RANK"}
 
 
 def find_free_port() -> int:
-    """A TCP port that is free on this machine right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that is free on this machine now, drawn below the range the system hands to outgoing connections:
+    between this choice and the moment a rank binds the port, no connection opened meanwhile (a data loader, a Ray
+    worker, another run's ranks) can take it. The draw leaves the user's `random` state alone."""
+    draw, end = random.SystemRandom(), outgoing_ports_start()
+    for _ in range(PORT_DRAWS if end > FIRST_CHOSEN_PORT else 0):
+        port = draw.randrange(FIRST_CHOSEN_PORT, end)
+        if port_is_free(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:   # no room below, or every draw taken
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def outgoing_ports_start() -> int:
+    """The first port the system may give an outgoing connection (Linux says; elsewhere the common default)."""
+    try:
+        return int(Path(OUTGOING_PORTS_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
 
 
 class LocalEnvironment(ClusterEnvironment):
