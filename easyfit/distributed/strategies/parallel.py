@@ -27,6 +27,14 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)
 PEER_WAIT_NOTICE_SECONDS = 15.0
 
 
+def destroy_subgroups(groups: list) -> None:
+    """End process groups made besides the default one, on every rank in the same order (the last made first); the
+    default group and groups this rank is not in are left alone."""
+    for group in reversed(groups):
+        if dist.is_initialized() and group is not dist.GroupMember.NON_GROUP_MEMBER and group != dist.group.WORLD:
+            dist.destroy_process_group(group)
+
+
 def destroy_process_group() -> None:
     """Destroy the default process group while the interpreter is fully alive. The DDP wrapper of the last call sits
     in reference cycles that still hold the group; they are collected first, so the group is not freed during
@@ -91,9 +99,11 @@ class DataParallelShares:
 
 @dataclass
 class ParallelCall(CallState):
-    """A call of several processes: this rank's share of the CPU cores while it runs."""
+    """A call of several processes: this rank's share of the CPU cores while it runs, and the process groups it made
+    besides the default one (a pipeline's, a device mesh's), which end with the call."""
 
     cores: CoreShare = field(default_factory=CoreShare)
+    subgroups: list = field(default_factory=list)
 
 
 class MultiProcessStrategy(DataParallelShares, Strategy):
@@ -224,7 +234,10 @@ class ParallelStrategy(MultiProcessStrategy):
         return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
     def teardown(self) -> None:
-        """Processes this strategy started end with their group; a re-launched script keeps it for later calls."""
+        """The call's own process groups end with it; processes this strategy started end with the default group
+        too, which a re-launched script keeps for later calls."""
+        if self.call_state is not None:
+            destroy_subgroups(self.call_state.subgroups)
         super().teardown()
         if self._group_ends_with_call():
             destroy_process_group()

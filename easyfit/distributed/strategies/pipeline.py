@@ -151,6 +151,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
         call = self.call_state
         call.groups, call.own_group = (pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]), own_group
+        call.subgroups += [*pipelines, *replica_groups]
 
     @property
     def _groups(self) -> tuple:

@@ -11,7 +11,6 @@ and sums over ranks (the loss, metrics, predictions) count each TP group once.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -22,7 +21,6 @@ from torch.utils._pytree import tree_leaves
 
 from easyfit.distributed.strategies.dtensor import DTensorStrategy
 from easyfit.distributed.strategies.fsdp import fully_shard_net
-from easyfit.distributed.strategies.parallel import ParallelCall
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
 from easyfit.distributed.strategy_parts.tp_plan import SplitPlan, check_sequence_parallel, parse_plan
 
@@ -60,11 +58,19 @@ def check_sequence_length(tp: int, net, args, kwargs) -> None:
                              f"{tuple(tensor.shape)}): pad the sequences to a multiple of {tp}")
 
 
-@dataclass
-class MeshCall(ParallelCall):
-    """A tensor-parallel call: its (dp, tp) device mesh, made when first needed (every rank makes it together)."""
+#: (device type, shape) -> (the default process group it was made in, the (dp, tp) mesh)
+_MESHES: dict[tuple, tuple] = {}
 
-    mesh: DeviceMesh | None = None
+
+def process_mesh(device_type: str, shape: tuple[int, int]) -> DeviceMesh:
+    """The process's (dp, tp) mesh of this shape, made by every rank together on first use and kept while the default
+    process group lives: torch keeps a mesh's groups and sub-meshes for the process, so each call's new mesh would
+    add groups that never end."""
+    made_in, mesh = _MESHES.get((device_type, shape), (None, None))
+    if mesh is None or made_in is not dist.group.WORLD:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("dp", "tp"))
+        _MESHES[(device_type, shape)] = dist.group.WORLD, mesh
+    return mesh
 
 
 class ModelParallelStrategy(DTensorStrategy):
@@ -133,14 +139,8 @@ class ModelParallelStrategy(DTensorStrategy):
         tp = self.shape[1]
         return f"data-parallel group{'s' if self.batch_factor != 1 else ''} of {tp} tensor-parallel ranks"
 
-    def new_call_state(self) -> MeshCall:
-        return MeshCall()
-
     def build_mesh(self) -> DeviceMesh:
-        call = self.call_state
-        if call.mesh is None:
-            call.mesh = init_device_mesh(self.root_device.type, self.shape, mesh_dim_names=("dp", "tp"))
-        return call.mesh
+        return process_mesh(self.root_device.type, self.shape)
 
     # --- checks, before any rank starts -----------------------------------------------
     def plan_for(self, net: torch.nn.Module) -> SplitPlan | None:

@@ -1,10 +1,13 @@
-"""One short fit per strategy on 2 ranks, one after the other in one launch, each recording what the fit left on its
-configured strategy object: the attributes added, removed or changed between the call's start on the rank (before
-`setup_environment`) and the end of its `teardown`.
+"""Two rounds of one short fit per strategy on 2 ranks, one after the other in one launch, each fit recording what
+it left on its configured strategy object: the attributes added, removed or changed between the call's start on the
+rank (before `setup_environment`) and the end of its `teardown`, and the sockets it left open (a first fit may open
+what the process keeps, the process group of the launch among them; a second fit only what it failed to close).
 
 Usage: python strategy_state.py OUT_DIR STRATEGY [STRATEGY ...]
-Each rank writes OUT_DIR/<rank>.pt: {strategy: {"added": [...], "removed": [...], "changed": [...]}}.
+Each rank writes OUT_DIR/<rank>.pt: {strategy: [per fit {"added": [...], "removed": [...], "changed": [...],
+"sockets": n}]}.
 """
+import gc
 import os
 import sys
 
@@ -30,15 +33,34 @@ def left_behind(before: dict, after: dict) -> dict:
             "changed": sorted(key for key in set(before) & set(after) if not same(before[key], after[key]))}
 
 
+def open_sockets() -> int | None:
+    """The sockets this process holds open (a process group's connections among them); None where /proc is not."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:   # the listing's own descriptor, closed by now
+            pass
+    return sum(link.startswith("socket:") for link in links)
+
+
 def recording(call_on_rank, found: dict):
-    """`call_on_rank` that records, per fit, what it left on the strategy (`left_behind`)."""
+    """`call_on_rank` that records each fit's traces, in found[strategy name] (a list, a record per fit): what it
+    left on the strategy (`left_behind`) and the sockets it left open once garbage is collected ("sockets": a
+    number; None where they cannot be counted)."""
     def call(plan, model, **inputs):
-        before = dict(vars(plan.strategy))
+        before, sockets = dict(vars(plan.strategy)), open_sockets()
         try:
             return call_on_rank(plan, model, **inputs)
         finally:
             if plan.kind.trains:
-                found[plan.strategy.name] = left_behind(before, dict(vars(plan.strategy)))
+                gc.collect()
+                after = open_sockets()
+                found.setdefault(plan.strategy.name, []).append(
+                    {**left_behind(before, dict(vars(plan.strategy))),
+                     "sockets": None if after is None else after - sockets})
     return call
 
 
@@ -48,7 +70,7 @@ def main() -> None:
     found: dict = {}
     easyfit.model.call_on_rank = recording(easyfit.model.call_on_rank, found)
     x, y = make_data()
-    for strategy in strategies:
+    for strategy in strategies * 2:
         model = easyfit.Model(NETS.get(strategy, make_net)(), "cross_entropy", "adam")
         model.fit(x, y, batch_size=32, epochs=1, verbose=0, devices=2, accelerator="cpu", strategy=strategy,
                   validation_split=0.25)
