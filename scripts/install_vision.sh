@@ -38,26 +38,13 @@ for requirement in [*install, *extras["export"], *extras["safetensors"], *extras
 PY
 )
 mapfile -t requirements <<< "$listed"
-key=$( (cat scripts/install_vision.sh; printf '%s\n' "${requirements[@]}") | sha256sum | cut -c1-12)
-py_version=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+name=install_vision.sh what="torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION"
+source scripts/side_venv.sh
+key=$( (cat scripts/install_vision.sh scripts/side_venv.sh; printf '%s\n' "${requirements[@]}") | sha256sum | cut -c1-12)
 venv=${EASYFIT_VISION_VENV:-$HOME/.cache/easyfit/vision-venv-torch$TORCH_VERSION-tv$TORCHVISION_VERSION-$py_version-$key}
 ready="$venv/.easyfit-ready-vision-$key"
-
-if [[ "${1:-}" == "--print-python" ]]; then
-    echo "$venv/bin/python"
-    exit 0
-fi
-
-if [[ -f "$ready" && -x "$venv/bin/python" ]]; then
-    echo "install_vision.sh: torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION environment ready at $venv"
-    exit 0
-fi
-
-echo "install_vision.sh: building the torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION environment at $venv"
-start=$SECONDS
-rm -rf "$venv" "$(dirname "$venv")"/vision-venv-*   # an environment built from older files is not used again
-"$PYTHON" -m venv "$venv"
-py="$venv/bin/python"
+stale="$(dirname "$venv")/vision-venv-"   # an environment built from older files is not used again
+start_side_venv "$@"
 # torch and torchvision are pinned in the same command, so that pip resolves no other torch for them
 "$py" -m pip install --quiet --no-compile "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" timm \
     "${requirements[@]}" "torchmetrics>=1.0" "pytest>=7" "pytest-timeout>=2" "pytest-xdist>=3"
@@ -66,5 +53,4 @@ py="$venv/bin/python"
 import timm, torch, torchvision
 for net in (torchvision.models.resnet18(weights=None, num_classes=10), timm.create_model("resnet10t", num_classes=10)):
     net(torch.randn(2, 3, 32, 32)).sum().backward()'
-touch "$ready"
-echo "install_vision.sh: built in $((SECONDS - start)) s"
+finish_side_venv

@@ -12,32 +12,17 @@
 #        scripts/install_xla.sh --print-python   the environment's interpreter (for: "$(...)" -m pytest tests/xla)
 # Environment: EASYFIT_XLA_VENV (where the environment goes), PYTHON (the interpreter it is made from).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 TORCH_XLA_VERSION=2.9.0
 TORCH_VERSION=2.9.0
 PYTHON=${PYTHON:-python}
 
-py_version=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+name=install_xla.sh what="torch_xla $TORCH_XLA_VERSION" size="about 3 GB"
+source scripts/side_venv.sh
 venv=${EASYFIT_XLA_VENV:-$HOME/.cache/easyfit/xla-venv-$TORCH_XLA_VERSION-$py_version}
 ready="$venv/.easyfit-ready-torch_xla-$TORCH_XLA_VERSION"
-
-if [[ "${1:-}" == "--print-python" ]]; then
-    echo "$venv/bin/python"
-    exit 0
-fi
-
-# the marker is written last, after a training step ran there; importing torch_xla to check again would cost as
-# much as the tests' own import (libtorch loads its CUDA libraries: seconds, more on a busy disk)
-if [[ -f "$ready" && -x "$venv/bin/python" ]]; then
-    echo "install_xla.sh: torch_xla $TORCH_XLA_VERSION environment ready at $venv"
-    exit 0
-fi
-
-echo "install_xla.sh: building the torch_xla $TORCH_XLA_VERSION environment at $venv (downloads about 3 GB once)"
-start=$SECONDS
-rm -rf "$venv"
-"$PYTHON" -m venv "$venv"
-py="$venv/bin/python"
+start_side_venv "$@"
 # The packages that require torch come without their requirements, so that pip resolves no other torch and none
 # of the CUDA parts libtorch never loads on a CPU (triton, cusolver, nvrtc, nvtx: 1.2 GB); everything else they
 # require is installed next, by name. Bytecode is compiled on import, for the modules the tests use only.
@@ -62,5 +47,4 @@ import torch, torch_xla
 net = torch.nn.Linear(2, 1).to(torch_xla.device())
 net(torch.ones(1, 2, device=torch_xla.device())).sum().backward()
 torch_xla.sync()'
-touch "$ready"
-echo "install_xla.sh: built in $((SECONDS - start)) s"
+finish_side_venv
