@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves
 
-from easyfit.distributed.strategies.dtensor import DTensorStrategy
+from easyfit.distributed.strategies.dtensor import DTensorFit, DTensorStrategy
 from easyfit.distributed.strategies.fsdp import fully_shard_net
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
 from easyfit.distributed.strategy_parts.tp_plan import SplitPlan, check_sequence_parallel, parse_plan
@@ -107,8 +107,6 @@ class ModelParallelStrategy(DTensorStrategy):
                              "entries (e.g. for the LayerNorms) or a callable plan")
         self.tensor_parallel_size, self.data_parallel_size_asked = tensor_parallel_size, data_parallel_size
         self.plan, self.sequence_parallel, self.loss_parallel = plan, sequence_parallel, loss_parallel
-        #: the plan found for the call's net by `check_net`, before any process starts (None: a callable plan)
-        self.found: SplitPlan | None = None
         self.name = "tp" if data_parallel_size == 1 else "fsdp_tp"
 
     def configure(self, *args, **kwargs) -> None:
@@ -155,16 +153,21 @@ class ModelParallelStrategy(DTensorStrategy):
         return plan
 
     def check_net(self, net: torch.nn.Module) -> None:
-        self.found = self.plan_for(net)
-        if self.loss_parallel and self.found is not None:
+        plan = self.plan_for(net)
+        if self.loss_parallel and plan is not None:
             from easyfit.distributed.strategy_parts.tp_apply import output_layer
-            output_layer(self.found)
+            output_layer(plan)
 
     def describe_setup(self) -> str | None:
+        """The mesh, and in a fit the plan that split its net."""
         dp, tp = self.shape
         mesh = f"mesh {dp} data-parallel{' (FSDP)' if dp > 1 else ''} × {tp} tensor-parallel"
-        plan = self.found.summary() if self.found is not None else f"plan: {getattr(self.plan, '__name__', 'callable')}"
-        return f"{mesh}; {plan}"
+        if not isinstance(self.fit_state, DTensorFit):
+            return mesh
+        plan = self.plan_for(self.fit_state.user_net)
+        if plan is None:
+            return f"{mesh}; plan: {getattr(self.plan, '__name__', 'callable')}"
+        return f"{mesh}; {plan.summary()}"
 
     # --- sharding ---------------------------------------------------------------------
     def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import easyfit
 from easyfit.callbacks import Callback, ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
+from easyfit.distributed.strategy_parts.tp_auto import auto_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net
@@ -119,9 +120,9 @@ def tp_suite(out: str) -> dict:
     results["graphs_compiled"] = counters["stats"]["unique_graphs"]
     parallel = fit(tp(loss_parallel=True), TinyLM(), lm, lm_loss, "adamw", 16, epochs=2)
     results["lm_adamw_loss_parallel"] = outcome(parallel)
-    results["lm_summary"] = parallel.strategy.describe_setup()
+    results["lm_summary"] = parallel.history.params["summary"]
     results["summary_in_fit"] = summary.text
-    results["lm_plan"] = parallel.strategy.found.describe(TinyLM())
+    results["lm_plan"] = auto_plan(TinyLM(), 2).describe(TinyLM())
     results["evaluate"] = {"scores": parallel.evaluate(*lm, batch_size=5, verbose=0, return_dict=True,
                                                        strategy="tp", devices=2, accelerator="cpu"),
                            "predictions": parallel.predict(lm[0], batch_size=5, strategy="tp", devices=2,
@@ -166,7 +167,7 @@ def fsdp_tp_suite(out: str) -> dict:
                 easyfit.strategies.ModelParallel(tensor_parallel_size=2, plan={"0": "colwise", "2": "rowwise"}),
                 make_net(), mlp, "cross_entropy", "adamw", 8, gradient_accumulation_steps=2, gradient_clip_val=0.5)),
             "lm_adamw_auto": outcome(lm_fit), "lm_resumed": outcome(resumed),
-            "summary": lm_fit.strategy.describe_setup()}
+            "summary": lm_fit.history.params["summary"]}
 
 
 def main() -> None:
