@@ -109,7 +109,6 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
     handles_accumulation = True
     handles_clipping = True
     plain_optimizer_step = False   # the engine steps
-    sharded_folder = "DeepSpeed"
 
     def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  allgather_bucket_size: float | None = None, reduce_bucket_size: float | None = None,
@@ -309,8 +308,8 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
         fit.engine.save_checkpoint(path, tag="checkpoint",
                                    client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
 
-    def resuming_sharded(self) -> str:
-        return "a DeepSpeed strategy on as many processes as wrote it"
+    def sharded_folder(self) -> tuple[str, str]:
+        return "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it"
 
     def load_shards(self, path: str) -> dict:
         fit = self.fit_state

@@ -106,8 +106,6 @@ class ShardedState(ShardedTraining):
 
     #: the running fit's net holds parameter shards, so its forward is a collective (False: whole parameters)
     shards_parameters = True
-    #: what a sharded checkpoint directory is called where it cannot load (and what resumes it: `resuming_sharded`)
-    sharded_folder = "sharded"
 
     def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -153,14 +151,14 @@ class ShardedState(ShardedTraining):
         """The backend's: the sharded directory at `path` loaded into the running fit; the rest of its state."""
         raise NotImplementedError
 
-    def resuming_sharded(self) -> str:
-        """Under what a sharded checkpoint directory resumes, in words."""
-        return f"strategy={self.name!r}"
+    def sharded_folder(self) -> tuple[str, str]:
+        """In words: what this backend's sharded checkpoint directory is called, and under what it resumes."""
+        return "sharded", f"strategy={self.name!r}"
 
     def load_checkpoint(self, path: str) -> dict:
         """Either format; a sharded directory inside a fit only, whose net and optimizer its shards load into."""
         if not os.path.isdir(path):
             return super().load_checkpoint(path)
         if not isinstance(self.fit_state, ShardedFit):
-            raise directory_outside_fit(path, self.sharded_folder, self.resuming_sharded())
+            raise directory_outside_fit(path, *self.sharded_folder())
         return self.load_shards(path)
