@@ -100,7 +100,7 @@ class DataParallelShares:
 @dataclass
 class ParallelCall(CallState):
     """A call of several processes: this rank's share of the CPU cores while it runs, and the process groups it made
-    besides the default one (a pipeline's, a device mesh's), which end with the call."""
+    besides the default one (a pipeline's), which end with the call."""
 
     cores: CoreShare = field(default_factory=CoreShare)
     subgroups: list = field(default_factory=list)
