@@ -2,8 +2,8 @@
 strategy object's attributes (`vars`) as the call found them on the rank, none added, removed or changed; what the
 call and the fit held lived in their `call_state` and `fit_state`; and a strategy's second fit leaves no socket open
 (a first may open what the process keeps, as the launch's process group): the process groups a call makes end with
-it. One process for the strategies of one process, one
-2-process launch for the others (tests/distributed/scripts/strategy_state.py)."""
+it. One process for the strategies of one process, one 2-process launch for the others
+(tests/distributed/scripts/strategy_state.py)."""
 from __future__ import annotations
 
 import importlib

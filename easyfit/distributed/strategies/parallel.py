@@ -30,8 +30,10 @@ PEER_WAIT_NOTICE_SECONDS = 15.0
 def destroy_subgroups(groups: list) -> None:
     """End process groups made besides the default one, on every rank in the same order (the last made first); the
     default group and groups this rank is not in are left alone."""
+    if not dist.is_initialized():
+        return
     for group in reversed(groups):
-        if dist.is_initialized() and group is not dist.GroupMember.NON_GROUP_MEMBER and group != dist.group.WORLD:
+        if group is not dist.GroupMember.NON_GROUP_MEMBER and group != dist.group.WORLD:
             dist.destroy_process_group(group)
 
 
