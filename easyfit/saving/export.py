@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree
 
+from easyfit.parts.item_counts import NUM_ITEMS
 from easyfit.saving.checkpoint import write_atomically
 
 #: the formats by name, and the suffix each takes when none is named
@@ -24,6 +25,8 @@ FORMATS = {".onnx": "onnx", ".pt2": "torch"}
 ONNX_PACKAGES = ("onnx", "onnxscript")
 #: batch keys that hold targets, never inputs of an exported net (easyfit.data.contents.TARGET_KEYS)
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
+#: keys a step adds to the user's inputs, never inputs of an exported net (a counted loss's item count)
+STEP_KEYS = (NUM_ITEMS,)
 
 
 class ExportError(RuntimeError):
@@ -32,9 +35,10 @@ class ExportError(RuntimeError):
 
 def recorded_example(inputs):
     """The example a later export traces with, from a batch's inputs as the net takes them (a tensor, a tuple of
-    them, a dict of keyword inputs): `example_of` them, less the targets a dict passes into the forward."""
+    them, a dict of keyword inputs): `example_of` them, less the targets a dict passes into the forward and what
+    the step added (`STEP_KEYS`): the user's inputs only."""
     if isinstance(inputs, dict):
-        inputs = {key: value for key, value in inputs.items() if key not in TARGET_KEYS}
+        inputs = {key: value for key, value in inputs.items() if key not in TARGET_KEYS + STEP_KEYS}
     return example_of(inputs)
 
 
@@ -129,5 +133,10 @@ def _converted(example, dtype: torch.dtype):
 
 def _plain_copy(net: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A copy of `net` on the CPU, its floating parameters and buffers in `dtype`, in eval mode: the caller's net
-    keeps its device, dtype and mode."""
-    return copy.deepcopy(net).to("cpu").to(dtype).eval()
+    keeps its device, dtype and mode. A transformers model's copy keeps no cache of past keys and values (its
+    output would hold one, which a trace cannot return, and a program called on whole inputs never reads)."""
+    net = copy.deepcopy(net).to("cpu").to(dtype).eval()
+    config = getattr(net, "config", None)
+    if getattr(config, "use_cache", False) is True:
+        config.use_cache = False
+    return net

@@ -60,6 +60,15 @@ def bert():
     return transformers.BertForSequenceClassification(config)
 
 
+def causal_lm():
+    """A tiny transformers causal LM: its forward takes the item count of a counted loss, and returns a cache."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
 def case(name: str, generator: torch.Generator) -> tuple[nn.Module, object, object, str]:
     """(net, x, y, loss) of a fit; x is a tensor or a dict of inputs."""
     torch.manual_seed(0)
@@ -182,3 +191,18 @@ def test_after_a_ddp_spawn_fit_the_example_comes_back_from_rank_zero(tmp_path):
     model.export(tmp_path / "net.pt2")   # rank 0 ran in another process: its first batch is the example
     torch.testing.assert_close(program_output(tmp_path / "net.pt2", x[:5]), model.predict(x[:5]), atol=TOLERANCE,
                                rtol=0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("call", ["fit", "evaluate"])
+def test_a_causal_lm_exports_after_its_own_loss_with_the_user_s_inputs_only(call, tmp_path):
+    """A counted loss's step adds num_items_in_batch to the forward's inputs: the example keeps the user's inputs."""
+    ids = torch.randint(1, 32, (8, 6), generator=torch.Generator().manual_seed(0))
+    model = easyfit.Model(causal_lm(), "model", "sgd", lr=0.1)
+    getattr(model, call)({"input_ids": ids}, ids, batch_size=4, verbose=0)
+    assert list(model._input_example) == ["input_ids"]
+    model.export(tmp_path / "net.pt2")
+    with torch.no_grad():
+        expected = model.net(input_ids=ids[:3]).logits
+    torch.testing.assert_close(program_output(tmp_path / "net.pt2", {"input_ids": ids[:3]}), expected,
+                               atol=TOLERANCE, rtol=0)
