@@ -215,6 +215,40 @@ def test_steps_per_epoch_continues_a_pass_and_ends_an_epoch_early_when_it_runs_o
     assert counts.train == [3, 1, 3, 1]   # 4 batches per pass: 3, then the pass's last one, then a new pass
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """The samples of (x, y) in order, with no length."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        return zip(self.x, self.y)
+
+
+@pytest.mark.parametrize("form", ["tensors", "stream"])
+def test_an_epoch_that_runs_out_of_data_steps_its_short_accumulation_window_as_plain_pytorch(cancer, form):
+    """10 samples in batches of 2, steps_per_epoch=3, gradient_accumulation_steps=3: epoch 2 trains the pass's last 2
+    batches, a short window divided by 3 that is an optimizer step, as a hand-written loop; with tensors (a known
+    length) EMA averages it too."""
+    x, y = cancer[0][:10], cancer[1][:10]
+    net, reference = linear(30, 1), linear(30, 1)
+    data = (x, y) if form == "tensors" else (DataLoader(Stream(x, y), batch_size=2),)
+    with pytest.warns(RuntimeWarning, match="ran out after 2 of this epoch's 3 steps"):
+        easyfit.Model(net, "bce_with_logits", torch.optim.SGD(net.parameters(), lr=0.5)).fit(
+            *data, batch_size=2, steps_per_epoch=3, gradient_accumulation_steps=3, epochs=3, shuffle=False,
+            lr_scaling=None, callbacks=[easyfit.callbacks.EMA(0.5)] if form == "tensors" else [], verbose=0)
+    optimizer, averaged = torch.optim.SGD(reference.parameters(), lr=0.5), None
+    for window in ([0, 1, 2], [3, 4], [0, 1, 2]):
+        optimizer.zero_grad()
+        for batch in window:
+            (F.binary_cross_entropy_with_logits(reference(x[2 * batch:2 * batch + 2]), y[2 * batch:2 * batch + 2])
+             / 3).backward()
+        optimizer.step()
+        current = {key: value.detach().clone() for key, value in reference.state_dict().items()}
+        averaged = current if averaged is None else {key: (averaged[key] + current[key]) / 2 for key in current}
+    torch.testing.assert_close(net.state_dict(), averaged if form == "tensors" else current, atol=1e-6, rtol=0)
+
+
 def test_validation_steps_limits_each_validation(cancer):
     x, y = cancer
     counts = BatchCounts()

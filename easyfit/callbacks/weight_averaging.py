@@ -162,19 +162,15 @@ class EMA(WeightAveraging):
         super().__init__(use_buffers)
         self.decay, self.every_n_steps = decay, every_n_steps
         self.steps = 0
-        self.accumulate, self.steps_per_epoch = 1, None
 
     def _averaging_function(self):
         return get_ema_multi_avg_fn(self.decay)
 
     def _start(self, saved: dict) -> None:
         self.steps = saved.get("steps", 0)
-        self.accumulate = self.params.get("gradient_accumulation_steps", 1)
-        self.steps_per_epoch = self.params.get("steps_per_epoch")
 
     def on_train_batch_end(self, batch, logs=None):
-        accumulate = self.accumulate
-        if accumulate > 1 and (batch + 1) % accumulate and batch + 1 != self.steps_per_epoch:
+        if not self.model.position.whole_windows:
             return   # a micro-step: no optimizer step yet
         self.steps += 1
         if self.steps % self.every_n_steps == 0:

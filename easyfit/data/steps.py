@@ -25,6 +25,14 @@ class StepLimitedBatches(WrappedBatches):
     def __len__(self) -> int:
         return self.steps
 
+    def coming_epoch(self) -> int:
+        """The number of batches the next epoch yields: `steps`, or fewer where the data's known length runs out
+        first (the epoch then ends early, and its last accumulation window is a short one)."""
+        total = batch_count(self.batches)
+        if total is None:
+            return self.steps
+        return min(self.steps, total - (0 if self.iterator is None else self.taken))
+
     def __iter__(self):
         total = batch_count(self.batches)
         for done in range(self.steps):
@@ -44,6 +52,12 @@ class StepLimitedBatches(WrappedBatches):
             yield batch
         if total is not None and self.taken >= total:   # the pass ended with the epoch: the next starts afresh
             self.iterator = None
+
+
+def epoch_length(batches) -> int | None:
+    """The number of batches the coming epoch of `batches` yields, where known (`batch_count`, or fewer where
+    step-limited data runs out part-way)."""
+    return batches.coming_epoch() if isinstance(batches, StepLimitedBatches) else batch_count(batches)
 
 
 def limit_steps(batches: BatchSource, steps: int | None, role: str) -> BatchSource:

@@ -5,7 +5,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from easyfit.data.batches import batch_count
+from easyfit.data.steps import epoch_length
 from easyfit.parts import metric_state
 
 
@@ -75,7 +75,7 @@ class EpochPosition:
         """(the batches this epoch still trains, the index of the first); a resumed epoch's tracker gets the loss
         of the batches trained before the checkpoint (its metrics got their state when the checkpoint was loaded)."""
         self.tracker, written_with, self.accumulate = tracker, self.accumulate, accumulate
-        self.num_batches = batch_count(batches)
+        self.num_batches = epoch_length(batches)
         if not self.resuming:
             self.batches_done, self.rng = 0, torch.get_rng_state()
             return batches, 0

@@ -10,9 +10,10 @@ import torch
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
-from easyfit.data.batches import TensorBatches, batch_count, batch_source, peek_first_batch
+from easyfit.data.batches import TensorBatches, batch_source, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
+from easyfit.data.steps import epoch_length
 from easyfit.parts.item_counts import item_counting
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
@@ -115,7 +116,7 @@ class Loop:
         net, strategy, callbacks, model = self.net, self.strategy, self.callbacks, self.model
         accumulate = self.settings.gradient_accumulation_steps
         tracker = self._loss_tracker()
-        num_batches = batch_count(batches)
+        num_batches = epoch_length(batches)   # fewer than len() where step-limited data runs out
         # a batch hook may ask to stop on one rank only: then every rank agrees after each step (one tiny reduce);
         # with data of unknown length a rank that stops early simply runs out of data (see `uneven_inputs`)
         uneven = num_batches is None and strategy.world_size > 1
@@ -145,8 +146,8 @@ class Loop:
                     break
         if tracker.empty and not first:   # first: a resumed epoch may train none
             raise ValueError("the training data yielded no batches; pass at least one sample")
-        if num_batches is None and accumulate > 1 and (step + 1) % accumulate:
-            self._optimizer_step()
+        if accumulate > 1 and (step + 1) % accumulate and self._ran_out(step + 1, num_batches):
+            self._optimizer_step()   # the short window the data ended with (a window end it could not foresee)
         return self._epoch_logs(tracker)
 
     def train_batch(self, step: int, batch, epoch_run: TrainingEpoch) -> bool:
@@ -202,6 +203,11 @@ class Loop:
 
     def _loss_tracker(self) -> LossTracker:
         return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY, self.metrics)
+
+    def _ran_out(self, trained: int, num_batches: int | None) -> bool:
+        """Whether the epoch ended with its data after `trained` batches, not at a known length or a stop: data of
+        unknown length, or step-limited data whose length is not known ahead."""
+        return num_batches is None or (trained < num_batches and not self.model.stop_training)
 
     def _agreed_to_stop(self) -> bool:
         """Whether any rank asked to stop (`model.stop_training`); then every rank stops, at the same step."""

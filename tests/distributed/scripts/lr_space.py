@@ -108,11 +108,12 @@ SHARDED_SCHEDULE = {"schedule": "SequentialLR", "accumulate": 2, "clip": 0.05, "
 
 
 def draw(count: int, seed: int) -> list[dict]:
-    """Configurations of the differential: schedule, accumulation, clipping, sample weights."""
+    """Configurations of the differential: schedule, accumulation, clipping, sample weights, steps_per_epoch (3 of
+the 4 batches: an epoch of 3, then one of the pass's last batch, whose accumulation window is short)."""
     rng = random.Random(seed)
     names = [None, *SCHEDULES]
-    return [{"schedule": rng.choice(names), "accumulate": rng.choice([1, 2]), "clip": rng.choice([None, 0.05]),
-             "weighted": rng.random() < 0.5} for _ in range(count)]
+    return [{"schedule": rng.choice(names), "accumulate": rng.choice([1, 2, 3]), "clip": rng.choice([None, 0.05]),
+             "weighted": rng.random() < 0.5, "steps": rng.choice([None, 3])} for _ in range(count)]
 
 
 class StepRates(Callback):
@@ -147,7 +148,7 @@ def fit(config: dict, run: dict, callbacks: tuple = (), resume_from=None) -> dic
                         sample_weight=w if config["weighted"] else None, lr_scaling="linear",
                         gradient_accumulation_steps=config["accumulate"], gradient_clip_val=config["clip"],
                         compile={"backend": "aot_eager"} if config.get("compile") else None,
-                        resume_from=resume_from, **run)
+                        steps_per_epoch=config.get("steps"), resume_from=resume_from, **run)
     return {"steps": rates.steps, "held": rates.held, "after": optimizer.param_groups[0]["lr"],
             "loss": history.history["loss"], "weights": {k: v.clone() for k, v in net.state_dict().items()}}
 
@@ -173,11 +174,12 @@ def plain(config: dict, factor: float = 2.0, ranks: int = 2) -> dict:
     scheduler = factory(optimizer) if factory is not None else None
     combined, accumulate = BATCH * ranks, config["accumulate"]
     record = {"steps": [], "held": [], "loss": []}
+    epochs = epoch_starts(list(range(0, SAMPLES, combined)), config.get("steps"))
     for epoch in range(EPOCHS):
         if config["schedule"] == "callback":
             optimizer.param_groups[0]["lr"] = by_epoch(epoch)
         losses = []
-        starts = list(range(0, SAMPLES, combined))
+        starts = epochs[epoch]
         for index, start in enumerate(starts):
             record["held"].append(optimizer.param_groups[0]["lr"])
             if index % accumulate == 0:
@@ -205,6 +207,16 @@ def plain(config: dict, factor: float = 2.0, ranks: int = 2) -> dict:
             scheduler.step()
     record["after"], record["weights"] = optimizer.param_groups[0]["lr"], net.state_dict()
     return record
+
+
+def epoch_starts(starts: list[int], steps: int | None) -> list[list[int]]:
+    """The batches (`starts`: one pass) each epoch trains: the whole pass, or with steps_per_epoch `steps` batches,
+    a pass carried on into the next epoch, which ends early where the pass runs out."""
+    epochs, taken = [], 0
+    for _ in range(EPOCHS):
+        epochs.append(starts[taken:taken + (steps or len(starts))])
+        taken = (taken + len(epochs[-1])) % len(starts)
+    return epochs
 
 
 def differences(record: dict, expected: dict) -> list[str]:
