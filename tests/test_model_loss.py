@@ -155,7 +155,7 @@ def test_what_cannot_train_on_the_net_s_own_loss_is_said_before_training():
     x, y = data()
     with pytest.raises(ValueError, match="holds no target: its keys are 'x'"):
         fit(OwnLoss(), [{"x": row} for row in x])
-    with pytest.raises(ValueError, match="takes no 'labels' argument"):
+    with pytest.raises(ValueError, match="takes no target argument"):
         fit(nn.Linear(4, 3), x, y)
     with pytest.raises(ValueError, match="no 'loss' tensor"):
         fit(OwnLoss("tensor"), x, y)
@@ -170,3 +170,44 @@ def test_compiled_steps_train_on_the_net_s_own_loss():
     model, history = fit(net, x, y, compile=True)
     assert_like(history, net, plain_loop(x, y))
     torch.testing.assert_close(model.predict(x, compile=True), prediction(net(x)).detach(), atol=1e-5, rtol=0)
+
+
+class TinyGPT(nn.Module):
+    """A GPT whose forward takes targets=: (logits, loss) with targets, else (the last position's logits, None)."""
+
+    def __init__(self, vocab: int = 16, length: int = 8, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(length, width)
+        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx, targets=None):
+        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
+        causal = torch.triu(torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool, device=idx.device), 1)
+        x = self.norm(x + self.attention(x, x, x, attn_mask=causal, need_weights=False)[0])
+        if targets is None:
+            return self.head(x[:, [-1], :]), None
+        logits = self.head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def test_a_gpt_whose_forward_takes_targets_trains_on_its_own_loss_like_a_plain_loop():
+    """fit(X, Y) passes Y as targets= and trains on the loss of the (logits, loss) tuple; 8 x 2 accumulated."""
+    tokens = torch.randint(0, 16, (32, 9), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    net, plain = TinyGPT(), TinyGPT()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=LR)
+    for _ in range(2):
+        for step, (inputs, targets) in enumerate(zip(x.split(8), y.split(8))):
+            (plain(inputs, targets)[1] / 2).backward()
+            if step % 2 == 1:
+                optimizer.step()
+                optimizer.zero_grad()
+    model = easyfit.Model(net, "model", "sgd", lr=LR)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, gradient_accumulation_steps=2)
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(net.state_dict()[name], value, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        expected = float(plain(x, y)[1])
+    assert model.evaluate(x, y, batch_size=32, verbose=0) == pytest.approx(expected, abs=1e-6)

@@ -2,9 +2,10 @@
 them (`labels=`), and stay beside the inputs for the metrics.
 
 A dict batch passes every entry by name, its target (the key "labels", "label", "y", "target" or "targets") under
-its own key when the forward names that argument, else as `labels=`; an `(x, y)` batch (in-memory arrays) passes `x`
-as the forward's first argument and `y` as `labels=`. Each batch becomes `(inputs, target)`, so every step, eager or
-compiled, on any strategy, calls `net(**inputs)` with the targets in it."""
+its own key when the forward names that argument, else as `labels=`, or, for a forward without `labels`, under the
+one of those names it takes (`forward(idx, targets=None)`: `targets=`); an `(x, y)` batch (in-memory arrays) passes
+`x` as the forward's first argument and `y` as a dict's target goes. Each batch becomes `(inputs, target)`, so
+every step, eager or compiled, on any strategy, calls `net(**inputs)` with the targets in it."""
 from __future__ import annotations
 
 import inspect
@@ -39,14 +40,21 @@ class ForwardArguments:
         self.any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
 
     def target_key(self, key: str | None) -> str:
-        """The forward's argument for a target the batch holds under `key` (None: an (x, y) batch)."""
+        """The forward's argument for a target the batch holds under `key` (None: an (x, y) batch): that key, else
+        `labels`, else the one target name the forward takes, else `labels` into its **kwargs."""
         if key is not None and key in self.names:
             return key
-        if LABELS in self.names or self.any_keyword:
+        named = [name for name in TARGET_KEYS if name in self.names]
+        if LABELS in self.names or (self.any_keyword and not named):
             return LABELS
+        if len(named) == 1:
+            return named[0]
+        takes = f"several target arguments ({', '.join(named)})" if named else "no target argument " \
+            f"({' / '.join(TARGET_KEYS)})"
         raise ValueError(f"loss='model' passes the targets into the net's forward, but {self.net_name}.forward takes "
-                         f"no {key or LABELS!r} argument (it takes {', '.join(self.names) or 'none by name'}). Give "
-                         "the forward a labels argument, or pass a loss by name, e.g. loss='cross_entropy'.")
+                         f"{takes}; it takes {', '.join(self.names) or 'none by name'}. Give the forward one "
+                         "argument for the targets (labels= or targets=), or pass a loss by name, e.g. "
+                         "loss='cross_entropy', which takes the net's output without targets.")
 
     def input_names(self, count: int) -> list[str]:
         """The forward's names for `count` positional inputs."""

@@ -3,7 +3,8 @@ the loss a net computes itself (loss="model").
 
 The rule for structured outputs (a dict, a transformers `ModelOutput`, a named tuple): the prediction is the entry
 `logits`; without one, the one tensor entry besides `loss`; otherwise the output as it is (a loss of your own takes
-it whole). A tensor is its own prediction. The net's own loss is the entry `loss`."""
+it whole). A tensor is its own prediction. The net's own loss is the entry `loss`, or the last of a plain
+`(prediction, loss)` tuple (as a `forward(x, targets=None)` returns)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -38,17 +39,24 @@ def prediction(output: Any) -> Any:
 
 
 def own_loss(output: Any) -> torch.Tensor:
-    """The loss the net computed itself (loss="model"): its output's `loss` entry."""
+    """The loss the net computed itself (loss="model"): its output's `loss` entry, or a (prediction, loss) tuple's."""
     named = entries(output)
-    loss = named.get(LOSS_KEY) if named is not None else getattr(output, LOSS_KEY, None)
+    loss = named.get(LOSS_KEY) if named is not None else getattr(output, LOSS_KEY, _paired_loss(output))
     if isinstance(loss, torch.Tensor):
         return loss
     what = f"{type(output).__name__} with entries {', '.join(map(repr, named))}" if named is not None else \
         type(output).__name__
     raise ValueError(f"loss='model' trains on the loss the net computes itself, but the net returned a {what} with no "
-                     "'loss' tensor. Such a net (a transformers model) computes it when the targets reach its "
-                     "forward as labels=: give the batches a 'labels' entry, or the forward a labels argument. "
-                     "Otherwise pass a loss by name, e.g. loss='cross_entropy'.")
+                     "'loss' tensor (nor is it a (prediction, loss) tuple). Such a net (a transformers model) "
+                     "computes it when the targets reach its forward as labels=: give the batches a 'labels' entry, "
+                     "or the forward a labels argument. Otherwise pass a loss by name, e.g. loss='cross_entropy'.")
+
+
+def _paired_loss(output: Any) -> torch.Tensor | None:
+    """The loss of a plain `(prediction, loss)` tuple: its last entry, one number; None for any other output."""
+    if type(output) is tuple and len(output) == 2 and isinstance(output[1], torch.Tensor) and output[1].numel() == 1:
+        return output[1]
+    return None
 
 
 class ModelLoss:
