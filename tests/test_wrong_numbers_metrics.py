@@ -2,6 +2,8 @@
 probabilities, class indices, one-hot and multi-label targets."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -61,6 +63,48 @@ def test_multiclass_auroc_on_logits_does_not_depend_on_the_batch_size(digits):
     for batch_size in (1, 7, 64):
         scores = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
         assert {key: scores[key] for key in expected} == pytest.approx(expected, abs=1e-5), batch_size
+
+
+MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+@pytest.mark.parametrize("precision", ["32", *MIXED])
+def test_binary_accuracy_of_small_positive_logits_is_one_in_every_precision(precision):
+    """Logits in (5e-4, 3e-3] for targets 1: every one is above 0, so accuracy is 1.0 by hand, with or without
+    auroc (a bf16 sigmoid rounded them to exactly 0.5: accuracy 0.0)."""
+    net = nn.Linear(1, 1)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+        net.bias.zero_()
+    x = 5e-4 + 2.5e-3 * torch.rand(4000, 1, generator=torch.Generator().manual_seed(0))
+    for metrics in (["accuracy"], ["accuracy", "auroc", "f1"]):
+        model = easyfit.Model(net, "bce_with_logits", "sgd", metrics=metrics)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # auroc of one class only: 0, with a warning
+            scores = model.evaluate(x, torch.ones(4000, 1), batch_size=256, verbose=0, return_dict=True,
+                                    precision=precision)
+        assert scores["accuracy"] == 1.0, (precision, metrics)
+        assert scores.get("f1", 1.0) == 1.0, (precision, metrics)
+
+
+@pytest.mark.parametrize("precision", MIXED)
+def test_multiclass_metrics_under_mixed_precision_are_those_of_plain_pytorch_outputs(precision, digits):
+    """Accuracy is the argmax of plain PyTorch's autocast outputs, the same with auroc beside it; auroc is
+    scikit-learn's on their softmax in float32."""
+    x, y = digits
+    net = small_logits_net(64, 10)
+    with torch.no_grad():
+        net.weight.mul_(0.05)   # logits within a few hundredths: a low-precision softmax ties many of them
+    with torch.no_grad(), torch.autocast("cpu", dtype=MIXED[precision]):
+        logits = net(x)
+    assert logits.dtype == MIXED[precision]
+    expected = {"accuracy": sk.accuracy_score(y, logits.float().argmax(1)),
+                "auroc": sk.roc_auc_score(y, logits.float().softmax(1), multi_class="ovr", average="macro")}
+    for metrics in (["accuracy"], ["accuracy", "auroc"]):
+        model = easyfit.Model(net, "cross_entropy", "sgd", metrics=metrics)
+        scores = model.evaluate(x, y, batch_size=128, verbose=0, return_dict=True, precision=precision)
+        assert {key: scores[key] for key in metrics} == pytest.approx({key: expected[key] for key in metrics},
+                                                                      abs=1e-6), metrics
 
 
 def test_one_hot_targets_are_a_multiclass_task(digits):

@@ -6,6 +6,7 @@ exact on any number of processes, with or without a torch process group.
 """
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -29,24 +30,31 @@ class Task(NamedTuple):
     outputs: str           # what the net's outputs are: one of OUTPUTS
     one_hot_targets: bool  # multiclass targets given as one value per class (one-hot or probabilities): argmax
 
-    def prepare(self, output: torch.Tensor, target: torch.Tensor, probabilities: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Probabilities in [0, 1] (so the metrics never guess whether they are logits) and class targets. Without
-        `probabilities` a multiclass output stays as it is: metrics that take its argmax or top k need no softmax."""
-        if probabilities or self.name != "multiclass":
-            output = self._probabilities(output)
+    @property
+    def threshold(self) -> float:
+        """The output that stands for a probability of 0.5: a binary or multilabel output above it decides 1."""
+        return {"logits": 0.0, "log_probabilities": math.log(0.5)}.get(self.outputs, 0.5)
+
+    def prepare(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores and class targets. The scores are the outputs in float32 or wider, whatever the precision (values
+        given as probabilities clamped to [0, 1]): they rank classes and samples and fall on either side of
+        `threshold` as the probabilities do, so no metric guesses whether they are logits, and no sigmoid or softmax
+        rounds two outputs to one probability."""
+        if output.is_floating_point() and output.dtype.itemsize < 4:
+            output = output.float()
+        if self.outputs == "probabilities":
+            output = output.clamp(0, 1)
         if self.one_hot_targets:
             target = target.argmax(-1)
         elif self.name == "multilabel":
             target = (target >= 0.5).long()
         return output, target
 
-    def _probabilities(self, output: torch.Tensor) -> torch.Tensor:
-        if self.outputs == "logits":
-            return output.softmax(-1) if self.name == "multiclass" else output.sigmoid()
-        if self.outputs == "log_probabilities":
-            return output.exp()
-        return output.clamp(0, 1)
+    def probabilities(self, scores: torch.Tensor) -> torch.Tensor:
+        """Scores (`prepare`'s) that rank the samples of each class as its probabilities do: a multiclass task's
+        logits become probabilities (softmax over the classes, dimension 1); other scores already do (sigmoid and
+        exp keep their order)."""
+        return scores.softmax(1) if self.name == "multiclass" and self.outputs == "logits" else scores
 
 
 def _classification(build_metric: Callable, probabilities: bool = False, top_k: int = 1) -> Callable:
@@ -72,11 +80,12 @@ def _regression(build_metric: Callable) -> Callable:
 
 
 def _accuracy(top_k: int) -> Callable:
-    return _classification(lambda task: named_metrics.Accuracy(task.name, task.classes, top_k), top_k=top_k)
+    return _classification(lambda task: named_metrics.Accuracy(task.name, task.classes, top_k, task.threshold),
+                           top_k=top_k)
 
 
 def _class_counts(score: str) -> Callable:
-    return _classification(lambda task: named_metrics.ClassCounts(score, task.name, task.classes))
+    return _classification(lambda task: named_metrics.ClassCounts(score, task.name, task.classes, task.threshold))
 
 
 METRICS: dict[str, Callable] = {
@@ -177,11 +186,11 @@ class MetricSet:
             self.names.append(name)
         self.task: Task | None = None   # what the named metrics were built for
         self.classified: list[Any] = []   # named classification metrics: they get Task.prepare's form
+        self.ranking: list[Any] = []   # those of them that rank by probabilities (Task.probabilities)
         self.own: list[Any] = list(self.metrics.values())   # the user's metric objects: outputs as they are, each batch
         self.named_raw: list[Any] = []   # named regression metrics: outputs as they are
         self.waiting: list[tuple[torch.Tensor, torch.Tensor]] = []   # batches the named metrics have yet to take
         self.waiting_elements = 0
-        self.probabilities = False   # whether a named classification metric reads probabilities (Task.prepare)
         self.task_shared = not self.pending   # whether every rank has built the named metrics (see share_task)
 
     def __bool__(self) -> bool:
@@ -206,7 +215,8 @@ class MetricSet:
         for name, key in self.pending.items():
             self.metrics[name] = METRICS[key](task)
             (self.classified if METRICS[key].classification else self.named_raw).append(self.metrics[name])
-            self.probabilities = self.probabilities or getattr(METRICS[key], "probabilities", False)
+            if getattr(METRICS[key], "probabilities", False):
+                self.ranking.append(self.metrics[name])
         self.pending = {}
         for metric in self.metrics.values():
             metric.to(device)
@@ -271,9 +281,10 @@ class MetricSet:
         for metric in raw:
             metric.update(output, target)
         if classified:
-            output, target = self.task.prepare(output, target, self.probabilities)
+            scores, target = self.task.prepare(output, target)
+            probabilities = self.task.probabilities(scores) if self.ranking else scores
             for metric in classified:
-                metric.update(output, target)
+                metric.update(probabilities if metric in self.ranking else scores, target)
 
     def compute(self, sync_fn: Callable | None = None) -> dict[str, float]:
         """Epoch values; with a `sync_fn` (the strategy's gather), over all processes, every rank taking part even

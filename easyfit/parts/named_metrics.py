@@ -211,17 +211,18 @@ class Classified(NamedMetric):
 
 class Accuracy(Classified):
     """The share of right decisions: samples (binary; multiclass, where a sample is right when its class is among
-    the `top_k` highest scores), or every (sample, label) pair (multilabel)."""
+    the `top_k` highest scores), or every (sample, label) pair (multilabel). A binary or multilabel score above
+    `threshold` decides 1 (0.5 for probabilities; 0 for logits)."""
     _reductions = {"correct": SUM, "total": SUM}
 
-    def __init__(self, task: str, classes: int, top_k: int = 1) -> None:
-        self.top_k = top_k
+    def __init__(self, task: str, classes: int, top_k: int = 1, threshold: float = 0.5) -> None:
+        self.top_k, self.threshold = top_k, threshold
         super().__init__(task, classes)
 
     def _batch_state(self, preds, target):
         scores, target = self._flat(preds, target)
         if self.task != "multiclass":
-            right = (scores > 0.5) == target.bool()
+            right = (scores > self.threshold) == target.bool()
         elif self.top_k == 1:
             right = scores.argmax(1) == target
         else:
@@ -235,14 +236,15 @@ class Accuracy(Classified):
 class ClassCounts(Classified):
     """Precision, recall or F1: per class (multiclass; the class of the highest score) or label (multilabel),
     averaged over the classes that occur in the targets or the decisions (multiclass) or over every label
-    (multilabel); binary scores the positive class. A score whose denominator is 0 counts 0."""
+    (multilabel); binary scores the positive class. A score whose denominator is 0 counts 0. A binary or multilabel
+    score above `threshold` decides 1, as in Accuracy."""
     _reductions = {"tp": SUM, "fp": SUM, "fn": SUM}
     SCORES = ("precision", "recall", "f1")
 
-    def __init__(self, score: str, task: str, classes: int) -> None:
+    def __init__(self, score: str, task: str, classes: int, threshold: float = 0.5) -> None:
         if score not in self.SCORES:
             raise ValueError(f"score must be one of {self.SCORES}; got {score!r}")
-        self.score = score
+        self.score, self.threshold = score, threshold
         super().__init__(task, classes)
 
     def _shape(self, name):
@@ -256,7 +258,7 @@ class ClassCounts(Classified):
             classes = torch.arange(self.classes, device=target.device)
             decided, target = scores.argmax(1, keepdim=True) == classes, target.long().unsqueeze(1) == classes
         else:
-            decided, target = scores > 0.5, target.bool()
+            decided, target = scores > self.threshold, target.bool()
         return {"tp": (decided & target).sum(0), "fp": (decided & ~target).sum(0), "fn": (~decided & target).sum(0)}
 
     def _value(self, tp, fp, fn):

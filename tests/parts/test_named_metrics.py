@@ -11,7 +11,7 @@ from sklearn import datasets, metrics as sk
 
 import easyfit
 from easyfit.parts import named_metrics
-from easyfit.parts.metrics import METRICS, Task
+from easyfit.parts.metrics import METRICS, MetricSet, Task
 
 CLASSIFICATION = ("accuracy", "top3_accuracy", "f1", "precision", "recall", "auroc")
 REGRESSION = ("mae", "mse", "rmse", "r2")
@@ -106,6 +106,70 @@ def test_named_regression_metrics_equal_torchmetrics_over_drawn_batches(seed):
         for output, target in batches:
             theirs.update(output, target)
         assert value(ours) == pytest.approx(value(theirs), rel=1e-5, abs=1e-6), name
+
+
+#: each output kind with a loss that says so, by task
+KIND_LOSSES = {"logits": {"binary": torch.nn.BCEWithLogitsLoss(), "multilabel": torch.nn.BCEWithLogitsLoss(),
+                          "multiclass": torch.nn.CrossEntropyLoss()},
+               "probabilities": {"binary": torch.nn.BCELoss(), "multilabel": torch.nn.BCELoss(),
+                                 "multiclass": torch.nn.L1Loss()},
+               "log_probabilities": {"multiclass": torch.nn.NLLLoss()}}
+
+
+def draw_outputs(rng: np.random.Generator, task: str, kind: str, dtype: torch.dtype) -> list:
+    """(output, target) batches of one drawn task as a net gives them in `dtype` (a mixed precision's bf16 or
+    float16): logits at a drawn scale (down to a few thousandths, where a low-precision sigmoid rounds to 0.5), with
+    ties; probabilities; or log-probabilities."""
+    classes, scale, batches = (1 if task == "binary" else int(rng.integers(3, 7))), rng.choice((3e-3, 1.0, 8.0)), []
+    for n in rng.integers(1, 40, size=int(rng.integers(1, 5))):
+        logits = torch.from_numpy(rng.normal(size=(n, classes)) * scale)
+        if rng.random() < 0.3:
+            logits = (logits / scale * 2).round() * scale / 2   # ties
+        output = {"logits": logits, "probabilities": logits.sigmoid() if task != "multiclass" else logits.softmax(1),
+                  "log_probabilities": logits.log_softmax(1)}[kind].to(dtype)
+        target = (torch.from_numpy(rng.integers(0, classes, n)) if task == "multiclass"
+                  else torch.from_numpy(rng.integers(0, 2, (n, classes))).float())
+        batches.append((output, target))
+    return batches
+
+
+def exact_probabilities(output: torch.Tensor, kind: str, task: str, name: str) -> torch.Tensor:
+    """The probabilities the outputs stand for, in float64: no rounding moves one to the other side of 0.5 or ties
+    two of them. Multiclass auroc's ranking of one class's softmax over the samples is the float32 softmax's, as
+    documented: in float64 as in float32, rounding breaks some true ties of such probabilities, each its own way."""
+    if name == "auroc" and kind == "logits" and task == "multiclass":
+        return output.float().softmax(1)
+    output = output.double()
+    if kind == "logits":
+        return output.softmax(1) if task == "multiclass" else output.sigmoid()
+    return output.exp() if kind == "log_probabilities" else output
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_metrics_of_low_precision_outputs_equal_torchmetrics_on_their_exact_probabilities(seed):
+    """The mixed precisions' dimension of the drawn comparison: outputs in bf16 / float16 (or float32), of every
+    kind, read by a MetricSet as a fit reads them, with and without auroc, against torchmetrics given the float64
+    probabilities of the same outputs."""
+    rng = np.random.default_rng(1000 + seed)
+    task = ("binary", "multiclass", "multilabel")[seed % 3]
+    kind = rng.choice([kind for kind, losses in KIND_LOSSES.items() if task in losses])
+    dtype = (torch.bfloat16, torch.float16, torch.float32)[(seed // 3) % 3]
+    batches = draw_outputs(rng, task, kind, dtype)
+    names = [name for name in CLASSIFICATION if name != "top3_accuracy" or task == "multiclass"]
+    for given in (names, [name for name in names if name != "auroc"]):
+        metrics = MetricSet(given, KIND_LOSSES[kind][task])
+        for output, target in batches:
+            metrics.update(output, target)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = metrics.compute()
+        for name in given:
+            theirs = torchmetrics_object(name, metrics.task)
+            for output, target in batches:
+                probabilities = exact_probabilities(output, kind, task, name)
+                theirs.update(*((probabilities.squeeze(1), target.squeeze(1).long()) if task == "binary"
+                                else (probabilities, target.long())))
+            assert values[name] == pytest.approx(value(theirs), abs=1e-6), (name, task, kind, dtype, given)
 
 
 class Given(torch.nn.Module):
