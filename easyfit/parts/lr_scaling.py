@@ -92,10 +92,21 @@ def track_optimizer_steps(scheduler) -> None:
     optimizer.step = wrapper
 
 
-def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float) -> str:
-    """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)'."""
+def effective_batch(batch_size: int, strategy, accumulate: int = 1) -> int:
+    """The samples of one optimizer step: the per-process batch × `strategy.batch_factor` × the accumulated
+    batches."""
+    return batch_size * strategy.batch_factor * accumulate
+
+
+def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float,
+             accumulate: int = 1) -> str:
+    """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)' (with accumulation: 'effective batch 64 =
+    16 × 2 processes × 2 accumulated batches; ...'). The LR's factor is the processes' alone (`lr_multiplier`)."""
     factor = strategy.batch_factor
-    text = f"effective batch {batch_size * factor} = {batch_size} × {factor} {strategy.describe_batch_factor()}"
+    text = f"effective batch {effective_batch(batch_size, strategy, accumulate)} = {batch_size} × {factor} " \
+           f"{strategy.describe_batch_factor()}"
+    if accumulate > 1:
+        text = f"{text} × {accumulate} accumulated batches"
     for note in (strategy.selection_note, strategy.auto_reason):
         if note:
             text = f"{note}; {text}"

@@ -20,7 +20,7 @@ from easyfit.distributed.from_rank_zero import callback_attributes, recorded_war
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.unused_parameters import explain_unused_parameters
-from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
+from easyfit.parts.lr_scaling import StepRates, describe, effective_batch, lr_multiplier, track_optimizer_steps
 from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
@@ -168,11 +168,12 @@ def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multip
         "validation_freq": options.validation_freq,
         "validation": options.validation_data is not None or bool(options.validation_split),
         "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
-        "effective_batch_size": batch_size * strategy.batch_factor,
+        "effective_batch_size": effective_batch(batch_size, strategy, options.gradient_accumulation_steps),
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
         "strategy": strategy.name, "precision": model._precision.name,
-        "summary": describe(batch_size, strategy, options.lr_scaling, optimizer, multiplier),
+        "summary": describe(batch_size, strategy, options.lr_scaling, optimizer, multiplier,
+                            options.gradient_accumulation_steps),
     }
 
 

@@ -129,6 +129,19 @@ def test_summary_line_says_what_was_done():
     text = describe(16, strategy, "linear", optimizer, 2.0)
     assert text == "effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)"
     assert "not scaled" in describe(16, strategy, None, _optimizer(0.05), 1.0)
+    # accumulation counts in the effective batch; the LR's factor is the processes' alone (as documented)
+    assert describe(16, strategy, "linear", _optimizer(0.05), lr_multiplier("linear", strategy.batch_factor), 2) == \
+        "effective batch 64 = 16 × 2 processes × 2 accumulated batches; lr 0.05 → 0.1 (linear)"
+
+
+def test_the_effective_batch_counts_the_accumulated_batches():
+    """batch 8 with gradient_accumulation_steps=2: 16 samples per optimizer step, in the params and the summary."""
+    net = torch.nn.Linear(3, 2)
+    model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=0.05))
+    history = model.fit(torch.randn(32, 3), torch.randint(0, 2, (32,)), epochs=1, batch_size=8, verbose=0,
+                        gradient_accumulation_steps=2)
+    assert history.params["effective_batch_size"] == 16 and history.params["batch_factor"] == 1
+    assert history.params["summary"].startswith("effective batch 16 = 8 × 1 process × 2 accumulated batches; ")
 
 
 def test_one_process_fit_records_the_scaling_and_leaves_the_lr_alone():
