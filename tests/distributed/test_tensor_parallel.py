@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from runner import make_data, make_net, run_script
-from tensor_parallel import OPTIMIZERS, SEQUENCE_PLAN, TinyLM, lm_data, lm_loss
+from tensor_parallel import OPTIMIZERS, SEQUENCE_PLAN, TinyLM, binary_data, lm_data, lm_loss, one_output_net
 from torch import nn
 
 import easyfit
@@ -112,6 +112,14 @@ def test_two_dimensional_fsdp_tp_matches_plain_pytorch(tmp_path):
     assert_matches(found["lm_resumed"], found["lm_adamw_auto"], "fsdp_tp lm resumed", atol=1e-6)
     assert "; mesh 2 data-parallel (FSDP) × 2 tensor-parallel; tensor-parallel plan: 8 layers split" \
         in found["summary"], found["summary"]
+    # a last layer of one row, fewer than the data-parallel ranks: restored by EarlyStopping after 2 epochs to the
+    # first epoch's weights, and resumed from the first epoch's checkpoint for a second
+    bce = nn.functional.binary_cross_entropy_with_logits
+    first = reference(one_output_net(), binary_data(), bce, "adamw", 16, epochs=1)
+    assert_matches({**found["restored"], "loss": found["restored"]["loss"][:1]}, first, "fsdp_tp restored 1 row")
+    assert len(found["restored"]["loss"]) == 2, found["restored"]["loss"]
+    assert_matches(found["resumed"], reference(one_output_net(), binary_data(), bce, "adamw", 16, epochs=2),
+                   "fsdp_tp resumed 1 row")
 
 
 # --- plans, without processes -----------------------------------------------------------

@@ -44,8 +44,15 @@ def piece(value: torch.Tensor, placement, size: int, coordinate: int) -> torch.T
     """This coordinate's piece of `value` split `size` ways as a placement of one mesh dimension says."""
     if isinstance(placement, _StridedShard):   # each of split_factor parts (e.g. q, k, v) split `size` ways
         parts = value.chunk(placement.split_factor, placement.dim)
-        return torch.cat([part.chunk(size, placement.dim)[coordinate] for part in parts], placement.dim)
-    return value.chunk(size, placement.dim)[coordinate] if isinstance(placement, Shard) else value
+        return torch.cat([chunk(part, size, placement.dim, coordinate) for part in parts], placement.dim)
+    return chunk(value, size, placement.dim, coordinate) if isinstance(placement, Shard) else value
+
+
+def chunk(value: torch.Tensor, size: int, dim: int, coordinate: int) -> torch.Tensor:
+    """Chunk `coordinate` of `value` split `size` ways along `dim`, as DTensor shards it: `torch.chunk`'s pieces,
+    and an empty one for each coordinate past them (a dimension shorter than `size`, e.g. one row on 2 ranks)."""
+    pieces = value.chunk(size, dim)
+    return pieces[coordinate] if coordinate < len(pieces) else value.narrow(dim, value.shape[dim], 0)
 
 
 def shard_like(value, reference):

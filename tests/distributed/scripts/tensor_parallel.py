@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import easyfit
-from easyfit.callbacks import Callback, ModelCheckpoint
+from easyfit.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategy_parts.tp_auto import auto_plan
 
@@ -151,6 +151,30 @@ def checkpoints(out: str, data) -> dict:
             "saved": saved, "predictions": straight.predict(data[0], strategy="tp", devices=2, accelerator="cpu")}
 
 
+def one_output_net() -> nn.Module:
+    """A last layer of one row: fewer rows than the 2 data-parallel ranks that shard it."""
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
+def binary_data():
+    x, y = make_data()
+    return x, (y > 0).float()[:, None]
+
+
+def restored_small_layers(out: str) -> dict:
+    """EarlyStopping(restore_best_weights=True) and resume_from into a net whose last layer has one row: the best
+    epoch is the first (mode "max" on the loss), so the fit stops after the second and restores the first; then a
+    fit resumed from the first epoch's checkpoint trains the second."""
+    pattern = os.path.join(out, "one-output-{epoch}.pt")
+    stopped = fit("fsdp_tp", one_output_net(), binary_data(), "bce_with_logits", "adamw", 8, epochs=3,
+                  callbacks=[EarlyStopping(monitor="loss", mode="max", restore_best_weights=True),
+                             ModelCheckpoint(pattern, monitor="loss")])
+    resumed = fit("fsdp_tp", one_output_net(), binary_data(), "bce_with_logits", "adamw", 8, epochs=2,
+                  resume_from=pattern.format(epoch=1))
+    return {"restored": outcome(stopped), "resumed": outcome(resumed)}
+
+
 def fsdp_tp_suite(out: str) -> dict:
     mlp, lm = make_data(), lm_data()
     pattern = os.path.join(out, "lm-{epoch}.pt")
@@ -167,7 +191,7 @@ def fsdp_tp_suite(out: str) -> dict:
                 easyfit.strategies.ModelParallel(tensor_parallel_size=2, plan={"0": "colwise", "2": "rowwise"}),
                 make_net(), mlp, "cross_entropy", "adamw", 8, gradient_accumulation_steps=2, gradient_clip_val=0.5)),
             "lm_adamw_auto": outcome(lm_fit), "lm_resumed": outcome(resumed),
-            "summary": lm_fit.history.params["summary"]}
+            "summary": lm_fit.history.params["summary"], **restored_small_layers(out)}
 
 
 def main() -> None:
