@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 import torch
@@ -16,7 +16,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subs
 
 from easyfit.data.arrays import as_tensor, batch_to_device
 from easyfit.data.contents import move_to_device, with_target_dtype
-from easyfit.data.map_style import check_not_splits, collate_samples, is_map_style, map_style_loader
+from easyfit.data.map_style import (
+    check_not_splits,
+    collate_samples,
+    dicts_to_collate,
+    is_map_style,
+    map_style_loader,
+    warn_dicts_read_as_batches,
+)
 from easyfit.data.ray_dataset import RayBatches, is_ray_data
 from easyfit.data.samplers import sampler_indices
 from easyfit.data.source import BatchSource, WrappedBatches
@@ -122,8 +129,9 @@ def several_inputs(x: Any) -> bool:
 
 
 def keyed_inputs(x: Any) -> bool:
-    """Whether `x` is a dict of arrays / tensors: one input of the net per key (Keras' multi-input dict)."""
-    return isinstance(x, dict) and bool(x) and all(
+    """Whether `x` is a dict of arrays / tensors: one input of the net per key (Keras' multi-input dict); any mapping
+    (a tokenizer's BatchEncoding) is read as a dict."""
+    return isinstance(x, Mapping) and bool(x) and all(
         isinstance(item, torch.Tensor) or hasattr(item, "__array__") for item in x.values())
 
 
@@ -261,13 +269,14 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
         loader = DataLoader(shard_iterable(x, strategy, train), batch_size=batch_size, num_workers=num_workers,
                             collate_fn=collate_fn or collate_samples)
         return LoaderBatches(loader, device, source, float_dtype)
-    if isinstance(x, Dataset) or is_map_style(x):   # a torch Dataset, a datasets.Dataset, a list of sample dicts
-        length = _dataset_length(x, "a Dataset")
+    if isinstance(x, Dataset) or is_map_style(x) or dicts_to_collate(x, collate_fn):   # a torch / HF dataset, samples
+        length = len(x) if dicts_to_collate(x, collate_fn) else _dataset_length(x, "a Dataset")
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         loader = map_style_loader(x, batch_size, sampler, collate_fn, num_workers, device)
         return LoaderBatches(loader, device, source, float_dtype, sharded)
     _refuse_collate_fn(collate_fn, "an iterable of batches")
+    warn_dicts_read_as_batches(x)
     if strategy.world_size > 1:
         _warn_iterable_not_sharded(strategy)
     return LoaderBatches(x, device, source, float_dtype)

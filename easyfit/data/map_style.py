@@ -4,6 +4,7 @@ data has `__getitems__` (torch's DataLoader uses it: Hugging Face's columnar fet
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -25,6 +26,29 @@ def is_map_style(x: Any) -> bool:
     if isinstance(x, (list, tuple)):
         return bool(x) and all(isinstance(item, Mapping) for item in x[:2]) and is_sample(x[0])
     return True
+
+
+def dicts_to_collate(x: Any, collate_fn: Callable | None) -> bool:
+    """Whether a list or tuple of dicts that `is_sample` reads as batches is a list of samples all the same: a
+    `collate_fn` was given to batch them."""
+    return collate_fn is not None and isinstance(x, (list, tuple)) and bool(x) and \
+        all(isinstance(item, Mapping) for item in x[:2])
+
+
+def warn_dicts_read_as_batches(x: Any) -> None:
+    """A list of dicts of 1-D tensors of one length is read as a list of batches, each dict a batch of that many
+    samples: say so when each dict may be one sample (a token sequence), and how to batch them instead."""
+    if not (isinstance(x, (list, tuple)) and x and isinstance(x[0], Mapping) and x[0]):
+        return
+    values = list(x[0].values())
+    if not all(isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1 for value in values):
+        return
+    warnings.warn(f"the list of {len(x)} dicts is read as a list of batches: each dict one batch of "
+                  f"{len(values[0])} samples (the first dimension of its entries {', '.join(map(repr, x[0]))}), "
+                  f"so the net gets 1-D inputs. If each dict is one sample (e.g. a sequence of {len(values[0])} "
+                  "tokens), batch them: pass collate_fn=torch.utils.data.default_collate (or a padding collator, "
+                  "e.g. transformers.DataCollatorWithPadding(tokenizer)), or wrap the list in a torch Dataset.",
+                  stacklevel=2)
 
 
 def check_not_splits(x: Any) -> None:

@@ -1,6 +1,7 @@
 """What evaluate and predict hand back: scores as a list or a dict, outputs in the kind of the input."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,9 @@ def scores_result(logs: dict[str, float], metric_names: list[str], return_dict: 
 
 
 def is_numpy_input(x: Any) -> bool:
-    """An array that is not a tensor (numpy, pandas), or a list / tuple / dict of them (the inputs of a multi-input
-    net)."""
-    if isinstance(x, dict) and x:
+    """An array that is not a tensor (numpy, pandas), or a list / tuple / dict (any mapping) of them (the inputs of
+    a multi-input net)."""
+    if isinstance(x, Mapping) and x:
         return all(is_numpy_input(item) for item in x.values())
     if isinstance(x, (list, tuple)) and x:
         return all(is_numpy_input(item) for item in x)

@@ -87,6 +87,20 @@ def test_a_dict_of_inputs_trains_as_the_inputs_by_name():
     assert scores == pytest.approx(in_order.evaluate([x, meta], y % 3, verbose=0), abs=1e-6)
 
 
+def test_a_tokenizer_s_batch_encoding_trains_evaluates_and_predicts_as_a_dict():
+    """A BatchEncoding (what a tokenizer returns) is a mapping, not a dict: it is read as the dict of its inputs."""
+    encoding = pytest.importorskip("transformers").BatchEncoding
+    x, y = data()
+    meta = np.random.default_rng(1).normal(size=(64, 2)).astype("float32")
+    inputs = {"image": torch.from_numpy(x), "meta": torch.from_numpy(meta)}
+    mapped, as_mapping = two_input_run(encoding(inputs), y % 3, validation_data=(encoding(inputs), y % 3))
+    in_order, as_list = two_input_run([x, meta], y % 3, validation_data=((x, meta), y % 3))
+    assert_same(as_mapping, as_list)
+    assert mapped.evaluate(encoding(inputs), y % 3, verbose=0) == pytest.approx(
+        in_order.evaluate([x, meta], y % 3, verbose=0), abs=1e-6)
+    torch.testing.assert_close(mapped.predict(encoding(inputs)), torch.from_numpy(in_order.predict([x, meta])))
+
+
 def test_a_dict_of_inputs_with_sample_weights_and_validation_data():
     x, y = data()
     meta = np.ones((64, 2), dtype="float32")

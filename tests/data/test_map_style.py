@@ -83,6 +83,38 @@ def test_a_list_of_batch_dicts_stays_a_list_of_batches():
     assert_like_plain_loop(fitted(batches), x, y)
 
 
+class Tagger(nn.Module):
+    """One class score per token: (batch, classes, tokens), as cross_entropy takes it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = nn.Embedding(16, 3)
+
+    def forward(self, x):
+        return self.embedding(x).transpose(1, 2)
+
+
+def test_a_list_of_per_sample_token_dicts_is_explained_and_trains_with_a_collate_fn():
+    """Dicts of 1-D tensors of one length read as batches are said to be so, with the way to batch them as samples."""
+    generator = torch.Generator().manual_seed(0)
+    ids, tags = torch.randint(0, 16, (32, 6), generator=generator), torch.randint(0, 3, (32, 6), generator=generator)
+    rows = [{"x": x, "y": y} for x, y in zip(ids, tags)]
+    with pytest.warns(UserWarning, match=r"list of 32 dicts is read as a list of batches: each dict one batch of 6 "
+                                         r"samples.*collate_fn=torch.utils.data.default_collate.*torch Dataset"), \
+            pytest.raises(IndexError):   # the net, given 1-D inputs
+        easyfit.Model(Tagger(), "cross_entropy", "sgd", lr=LR).fit(rows, epochs=1, verbose=0)
+    model = easyfit.Model(Tagger(), "cross_entropy", "sgd", lr=LR)
+    model.fit(rows, batch_size=8, epochs=1, shuffle=False, verbose=0, collate_fn=torch.utils.data.default_collate)
+    plain = Tagger()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=LR)
+    for x, y in zip(ids.split(8), tags.split(8)):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(plain(x), y).backward()
+        optimizer.step()
+    torch.testing.assert_close(model.net.embedding.weight, plain.embedding.weight, atol=1e-6, rtol=0)
+
+
 class Rows:
     """Any object with a length and an index; `__getitems__` fetches a batch in one call (Hugging Face's way)."""
 
