@@ -7,8 +7,10 @@ Checkpoints hold both sets: the training weights as the net's, the averages in t
 fit, the other way round), so a resumed fit continues both exactly.
 
 Each rank averages the tensors its optimizer steps, which the strategy names (`Strategy.local_tensors`): the whole
-weights under ddp (every rank the same), its shard under fsdp and DeepSpeed; reading the full averages for a
-checkpoint or for evaluation goes through the strategy's gather, as the hand-back at the end of the fit does.
+weights under ddp (every rank the same), its shard under fsdp and DeepSpeed; they are asked for at each use, as a
+backend may move the weights' storage after the fit starts (ddp_sharded's optimizer at its first step). Reading the
+full averages for a checkpoint or for evaluation goes through the strategy's gather, as the hand-back at the end of
+the fit does.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ class WeightAveraging(Callback):
     def __init__(self, use_buffers: bool):
         self.use_buffers = use_buffers
         self.multi_avg_fn = None   # swa_utils' averaging function, while a fit runs (a closure: it never travels)
-        self.local: list[torch.Tensor] | None = None      # this rank's training tensors, while a fit runs
-        self.averaged: list[torch.Tensor] | None = None   # this rank's averages of them
+        self.running = False   # a fit runs: its net holds the training weights
+        self.averaged: list[torch.Tensor] | None = None   # this rank's averages of its training tensors (`_local`)
         self.num_averaged = 0
         self.saved: dict | None = None        # a loaded state, until the fit it resumes starts
         self.training_weights: dict | None = None   # after the fit: the full training weights
@@ -40,10 +42,15 @@ class WeightAveraging(Callback):
     def average(self) -> None:
         """Fold the current weights into the average (the first time: take them as they are)."""
         if self.num_averaged == 0:
-            torch._foreach_copy_(self.averaged, self.local)
+            torch._foreach_copy_(self.averaged, self._local())
         else:
-            self.multi_avg_fn(self.averaged, self.local, self.num_averaged)
+            self.multi_avg_fn(self.averaged, self._local(), self.num_averaged)
         self.num_averaged += 1
+
+    def _local(self) -> list[torch.Tensor]:
+        """This rank's training tensors, where they are now."""
+        model = self.model
+        return model.strategy.local_tensors(model._training.net, self.use_buffers)
 
     def _clone_net_state(self) -> dict:
         """The net's full state (a collective under a sharded strategy: every rank calls it), copied; whole tensors
@@ -60,19 +67,19 @@ class WeightAveraging(Callback):
             self._swap_out()
 
     def _swap_in(self) -> None:
-        self.backup = [tensor.clone() for tensor in self.local]
-        torch._foreach_copy_(self.local, self.averaged)
+        local = self._local()
+        self.backup = [tensor.clone() for tensor in local]
+        torch._foreach_copy_(local, self.averaged)
 
     def _swap_out(self) -> None:
-        torch._foreach_copy_(self.local, self.backup)
+        torch._foreach_copy_(self._local(), self.backup)
         self.backup = None
 
     # --- the fit -----------------------------------------------------------------------
     def on_train_begin(self, logs=None):
-        model = self.model
-        self.local = model.strategy.local_tensors(model._training.net, self.use_buffers)
+        model, self.running = self.model, True
         self.multi_avg_fn = self._averaging_function()
-        self.averaged = [tensor.clone() for tensor in self.local]
+        self.averaged = [tensor.clone() for tensor in self._local()]
         self.num_averaged, self.training_weights, self.backup, saved = 0, None, None, self.saved
         self.saved = None
         if saved is None:   # a fresh fit starts a new average
@@ -80,7 +87,7 @@ class WeightAveraging(Callback):
         training = saved.get("training") or self._clone_net_state()
         if saved.get("averaged") is not None:   # the strategy cuts the full averages into this rank's part
             model.load_net_state(saved["averaged"])
-            torch._foreach_copy_(self.averaged, self.local)
+            torch._foreach_copy_(self.averaged, self._local())
             self.num_averaged = saved["num_averaged"]
         model.load_net_state(training)
         self._start(saved)
@@ -92,7 +99,7 @@ class WeightAveraging(Callback):
         """A subclass takes its own part of a resumed state (empty for a fresh fit)."""
 
     def on_test_begin(self, logs=None):
-        if self.local is not None and self.num_averaged:   # validation inside the fit
+        if self.running and self.num_averaged:   # validation inside the fit
             self._swap_in()
 
     def on_test_end(self, logs=None):
@@ -102,10 +109,11 @@ class WeightAveraging(Callback):
     def on_train_end(self, logs=None):
         if self.num_averaged:   # the net keeps the averages; the training weights stay in this callback's state
             self.training_weights = self._clone_net_state()
-            torch._foreach_copy_(self.local, self.averaged)
+            torch._foreach_copy_(self._local(), self.averaged)
             with random_state_kept(self.model.strategy):   # the BatchNorm pass's Dropout and shuffling
                 self._finish()
-        self.local = self.averaged = self.multi_avg_fn = None
+        self.averaged = self.multi_avg_fn = None
+        self.running = False
 
     def _finish(self) -> None:
         """After the averages went into the net, before the strategy hands the weights back."""
@@ -117,7 +125,7 @@ class WeightAveraging(Callback):
 
     # --- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
-        if self.local is not None:   # inside the fit: the net holds the training weights
+        if self.running:   # inside the fit: the net holds the training weights
             averaged = self._full_average() if self.num_averaged else None
             return {"averaged": averaged, "num_averaged": self.num_averaged, **self._own_state()}
         if self.training_weights is not None:   # after it: the net holds the averages
@@ -233,7 +241,7 @@ class SWA(WeightAveraging):
             self.averaged_epoch = self.epoch
 
     def on_test_begin(self, logs=None):
-        if self.local is not None:
+        if self.running:
             self._average_epoch()
         super().on_test_begin(logs)
 

@@ -1,5 +1,6 @@
 """Memory-sharded strategies on 2 CPU processes (gloo): they train what plain PyTorch trains on the combined batch,
-they really shard, and their checkpoints load into a plain net and resume exactly.
+they really shard, their checkpoints load into a plain net and resume exactly, and EMA and SWA average what a hand
+computation averages under each of them.
 
 Each launch runs several strategies and several checks (tests/distributed/scripts/sharded.py), and the tests of one
 family of strategies share its launch: starting processes and the backends' set-up is what costs time here."""
@@ -11,10 +12,14 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 from runner import SCRIPTS, launch_once, make_data, make_net, run_script
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "callbacks"))
+from around_helpers import hand_ema, hand_swa  # the plain-PyTorch averages the callbacks' tests compare with
 
 import easyfit
 from easyfit.distributed.environments import find_free_port
@@ -35,9 +40,9 @@ DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offloa
 PARAMETER_SHARDING = {"fsdp", "fsdp_cpu_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"}
 #: the launch each family's tests share: its checks, its strategies (ddp: the memory baseline), the sharded formats
 #: and those that also run the mixed-precision checks, beside ddp's (the baseline)
-TORCH_LAUNCH = ("parity,memory,checkpoint,schedule", ("ddp", *TORCH_ONLY), "--sharded", "fsdp",
+TORCH_LAUNCH = ("parity,memory,checkpoint,schedule,averaging", ("ddp", *TORCH_ONLY), "--sharded", "fsdp",
                 "--mixed", "ddp,fsdp,zero")
-DEEPSPEED_LAUNCH = ("parity,memory,checkpoint,schedule", ("ddp", *DEEPSPEED),
+DEEPSPEED_LAUNCH = ("parity,memory,checkpoint,schedule,averaging", ("ddp", *DEEPSPEED),
                     "--sharded", "deepspeed_stage_2,deepspeed_stage_3", "--mixed", "ddp,deepspeed_stage_2")
 
 
@@ -100,6 +105,21 @@ def check_schedule(outcome: dict, strategies: list[str]) -> None:
         assert not problems, (strategy, problems)
 
 
+def check_averaging(outcome: dict, strategies: list[str]) -> None:
+    """EMA and SWA on every rank: the net after the fit holds the hand-computed averages (plain PyTorch, SGD on the
+    combined batch) and EMA's validation ran its averages (within 1e-6)."""
+    ema, losses = hand_ema(3, 0.9)
+    swa = hand_swa(epochs=3, swa_lr=0.02, start_epoch=1, annealing_epochs=1)
+    for strategy in strategies:
+        for rank, results in outcome.items():
+            found = results[strategy]["averaging"]
+            validation = zip(found["ema"]["val_loss"], losses, strict=True)
+            differences = {"ema": max_difference(found["ema"]["averaged"], ema),
+                           "swa": max_difference(found["swa"]["averaged"], swa),
+                           "ema val_loss": max(abs(a - b) for a, b in validation)}
+            assert max(differences.values()) <= 1e-6, f"{strategy} rank {rank}: {differences} from the hand averages"
+
+
 def check_checkpoints(outcome: dict, strategies: list[str]) -> None:
     x, _ = make_data()
     for strategy in strategies:
@@ -148,6 +168,10 @@ def test_torch_sharded_strategies_match_plain_pytorch_and_shard(launch):
     check_parity(outcome, TORCH_ONLY)
     check_memory(outcome, TORCH_ONLY)
     check_schedule(outcome, TORCH_ONLY)
+
+
+def test_ema_and_swa_under_the_torch_sharded_strategies_equal_the_hand_averages(launch):
+    check_averaging(launch(*TORCH_LAUNCH)[1], TORCH_ONLY)
 
 
 def test_torch_sharded_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, tmp_path):
@@ -201,6 +225,11 @@ def test_deepspeed_under_its_own_launcher_matches_plain_pytorch(tmp_path):
 
 
 @NEEDS_DEEPSPEED
+def test_ema_and_swa_under_every_deepspeed_stage_equal_the_hand_averages(launch):
+    check_averaging(launch(*DEEPSPEED_LAUNCH)[1], DEEPSPEED)
+
+
+@NEEDS_DEEPSPEED
 def test_deepspeed_checkpoints_load_into_a_plain_net_and_resume_exactly(launch, tmp_path):
     """Also DeepSpeed's own directory (stages 2 and 3): it resumes and converts into one plain file."""
     _, outcome = launch(*DEEPSPEED_LAUNCH)
@@ -245,7 +274,8 @@ def test_mixed_precision_under_deepspeed_trains_like_ddp(launch):
 
 @NEEDS_FAIRSCALE
 def test_fairscale_sharded_matches_plain_pytorch_shards_and_resumes(tmp_path):
-    outcome = run(tmp_path, "parity,memory,checkpoint,schedule", ["ddp", "ddp_sharded"])
+    outcome = run(tmp_path, "parity,memory,checkpoint,schedule,averaging", ["ddp", "ddp_sharded"])
+    check_averaging(outcome, ["ddp_sharded"])   # FairScale's optimizer moves the weights' storage at its first step
     check_parity(outcome, ["ddp_sharded"])
     check_schedule(outcome, ["ddp_sharded"])
     check_memory(outcome, ["ddp_sharded"])

@@ -13,6 +13,8 @@ CHECKS is a comma-separated list of:
               process with the same global batch (32), to epoch 8
   schedule    a per-step SequentialLR under linear LR scaling, with accumulation 2 and clipping: each step's LR,
               the optimizer's own, the History and the weights (lr_space.py's SHARDED_SCHEDULE)
+  averaging   EMA(0.9) with validation and SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1), SGD, 3 epochs
+              each: the net after each fit and EMA's validation losses
 --sharded names the strategies whose sharded checkpoint format (state_dict_type="sharded") is checked: 4 epochs
 writing directories with ModelCheckpoint, a resume to 8, 8 straight, and the weights and optimizer state after epoch 4.
 --mixed names strategies that also run the bf16 and overflow checks.
@@ -27,7 +29,7 @@ import sys
 import torch
 
 import easyfit
-from easyfit.callbacks import ModelCheckpoint
+from easyfit.callbacks import EMA, SWA, ModelCheckpoint
 from easyfit.distributed.environments import launch_identity
 from easyfit.distributed.strategy_parts.sharding import rank_memory
 from easyfit.parts.precision import cpu_supports_fp16
@@ -41,10 +43,12 @@ PARITY_CASES = {"plain": {"epochs": 6},
 LR = 0.01
 
 
-def fit(strategy, devices: int, net=None, batch_size: int = 16, **options) -> easyfit.Model:
+def fit(strategy, devices: int, net=None, batch_size: int = 16, optimizer=None, **options) -> easyfit.Model:
+    """A fit of the shared data on `strategy`; Adam unless `optimizer` (a factory of the parameters) is given."""
     x, y = make_data()
     net = net or make_net()
-    model = easyfit.Model(net, "cross_entropy", torch.optim.Adam(net.parameters(), lr=LR))
+    optimizer = (optimizer or functools.partial(torch.optim.Adam, lr=LR))(net.parameters())
+    model = easyfit.Model(net, "cross_entropy", optimizer)
     options = {"epochs": 2, **options}
     model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0, lr_scaling=None, devices=devices,
               accelerator="cpu", strategy=strategy, **options)
@@ -73,6 +77,17 @@ def checkpoint(strategy: str, devices: int, out: str) -> dict:
     resumed = fit(strategy, devices, epochs=8, resume_from=pattern.format(epoch=4)).net.state_dict()
     return {"saved": saved, "predictions": model.predict(x, devices=1, strategy="single"),
             "straight": straight(strategy, devices), "resumed": resumed}
+
+
+def averaging(strategy: str, devices: int) -> dict:
+    x, y = make_data()
+    found = {}
+    for name, callback in (("ema", EMA(0.9)), ("swa", SWA(swa_lr=0.02, start_epoch=1, annealing_epochs=1))):
+        model = fit(strategy, devices, optimizer=functools.partial(torch.optim.SGD, lr=0.1), epochs=3,
+                    validation_data=(x[:64], y[:64]), callbacks=[callback])
+        found[name] = {"averaged": {key: value.detach().clone() for key, value in model.net.state_dict().items()},
+                       "val_loss": model.history.history["val_loss"]}
+    return found
 
 
 def bf16(strategy: str, devices: int) -> dict:
@@ -171,6 +186,8 @@ def main() -> None:
         if "schedule" in checks:
             run = {"devices": args.devices, "accelerator": "cpu", "strategy": strategy}
             found["schedule"] = lr_space.fit(lr_space.SHARDED_SCHEDULE, run)
+        if "averaging" in checks:
+            found["averaging"] = averaging(strategy, args.devices)
         if "resume_one" in checks:
             found["resume_one"] = resume_one(args.out)
     results["mlflow_imported"] = "mlflow" in sys.modules   # DeepSpeed's autotuner would import it with deepspeed
