@@ -8,10 +8,13 @@ with `UntrustedCheckpointError`, unless the caller passes `trusted=True` for a f
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
+import socket
 import tempfile
+import zlib
 from collections import OrderedDict
 from typing import Callable
 
@@ -24,6 +27,8 @@ FORMAT_VERSION = 1
 DEEPSPEED_CLIENT_KEY = "easyfit"
 #: the file beside a sharded FSDP checkpoint's shards that holds the rest of the state
 FSDP_META_FILE = "easyfit_meta.pt"
+#: the longest file name a temporary file's name holds as it is (a longer one by its hash)
+MAX_NAME_IN_TEMP = 120
 #: what a checkpoint may hold besides tensors, lists, tuples and dicts
 PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device)
 TRUSTED_OPT_IN = ("If the file comes from a source you trust (e.g. a checkpoint written by an easyfit from before "
@@ -36,6 +41,11 @@ TRUSTED_OPT_IN = ("If the file comes from a source you trust (e.g. a checkpoint 
 
 class UntrustedCheckpointError(ValueError):
     """A file holds objects that only unpickling reads, and the caller did not say it trusts the file."""
+
+
+class DamagedFileError(ValueError):
+    """A file torch.load cannot read as torch.save writes one: cut short (a copy or download that stopped), damaged,
+    empty, or never such a file."""
 
 
 def as_data(value, where: str = "the checkpoint"):
@@ -96,12 +106,14 @@ def save_file_atomically(path: str | os.PathLike, obj) -> None:
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """`write(temp_path)` writes a temporary file in the same folder (with `path`'s suffix), which is flushed to
-    disk, then renamed over `path`; on any failure it is removed and `path` is left as it was."""
+    """`write(temp_path)` writes a temporary file in the same folder (named by `temp_prefix`, with `path`'s suffix),
+    which is flushed to disk, then renamed over `path`; on any failure it is removed and `path` is left as it was.
+    What a killed writer of `path` left is removed first (`remove_leftovers`)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temp_path = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1] or ".pt", dir=directory)
+    remove_leftovers(path)
+    handle, temp_path = tempfile.mkstemp(prefix=temp_prefix(path), suffix=_temp_suffix(path), dir=directory)
     try:
         os.close(handle)
         os.chmod(temp_path, 0o666 & ~_umask())   # as an ordinary new file, not mkstemp's owner-only 0600
@@ -115,13 +127,68 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
         raise
 
 
+def temp_prefix(path: str, pid: int | None = None) -> str:
+    """The name a temporary file of `path` starts with: `.tmp-<file name>.<this machine>.<process id>.` (a long
+    name by its hash), so that its leftovers are known as this target's and their writer can be checked."""
+    name = os.path.basename(path)
+    name = name if len(name) <= MAX_NAME_IN_TEMP else f"{zlib.crc32(name.encode()):08x}"
+    return f".tmp-{name}.{_machine()}.{os.getpid() if pid is None else pid}."
+
+
+def remove_leftovers(path: str | os.PathLike) -> None:
+    """Remove the temporary files of `path` that a process killed while writing it left beside it: only easyfit's
+    own (`temp_prefix`) for this target, and only those written on this machine by a process that has ended."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    start = temp_prefix(path, pid=0)[:-2]   # up to the process id
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(start)]
+    except OSError:   # no folder (yet), or not one this process may read
+        return
+    own = re.compile(re.escape(start) + r"(\d+)\.[a-z0-9_]{8}" + re.escape(_temp_suffix(path)) + "$")
+    for name in names:
+        writer = own.match(name)
+        if writer and not _running(int(writer.group(1))):
+            with contextlib.suppress(FileNotFoundError):   # another process removed it first
+                os.remove(os.path.join(directory, name))
+
+
+def _temp_suffix(path: str) -> str:
+    return os.path.splitext(path)[1] or ".pt"
+
+
+def _machine() -> str:
+    """This machine, in 8 hex digits (its host name's hash): a process id only names a process on its machine."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` of this machine runs (this one does; where that cannot be told, it does)."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # another user's process
+        return True
+    return True
+
+
 def load_data(path: str | os.PathLike, map_location=None, trusted: bool = False, allowed: tuple = (), **options):
     """`torch.load(path)` as data (`weights_only=True`, with the classes `allowed` too: a backend's plain records);
     with `trusted`, any pickled object (only for a file the caller trusts). A file that needs more raises
-    UntrustedCheckpointError, which says why and names the opt-in."""
+    UntrustedCheckpointError, which says why and names the opt-in; one whose bytes it cannot read (cut short)
+    DamagedFileError. What a killed writer of `path` left beside it is removed (`remove_leftovers`)."""
+    if isinstance(path, (str, os.PathLike)):
+        remove_leftovers(path)
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location=map_location, weights_only=not trusted, **options)
+    except (RuntimeError, EOFError, OSError) as error:
+        if not is_damaged(error):
+            raise
+        raise damaged(path, error) from None
     except pickle.UnpicklingError as error:
         if trusted or "weights only load failed" not in str(error).lower():
             raise
@@ -129,6 +196,27 @@ def load_data(path: str | os.PathLike, map_location=None, trusted: bool = False,
             raise pickle.UnpicklingError(f"{os.fspath(path)!r} is not a file torch.save wrote, or it is damaged "
                                          f"({refused_object(error)})") from None
         raise untrusted(path, refused_object(error)) from None
+
+
+def is_damaged(error: Exception) -> bool:
+    """Whether torch.load's `error` says the file's bytes are wrong (its zip archive or pickle cut short or broken),
+    rather than that the file could not be opened or its tensors not be placed."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    return isinstance(error, (EOFError, OSError)) or "PytorchStreamReader" in str(error)
+
+
+def damaged(path: str | os.PathLike, error: Exception) -> DamagedFileError:
+    """The error for a file whose bytes torch.load cannot read, naming it, its size and torch's reason."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    what = "it is empty" if size == 0 else f"its {size} bytes are cut short or damaged, or it is not a file " \
+        "torch.save wrote"
+    reason = str(error).strip().split(". ")[0] or type(error).__name__
+    return DamagedFileError(f"{path!r} cannot be read: {what} (torch.load: {reason}). A file easyfit writes is "
+                            "complete or absent (written to a temporary file, then renamed), so this one was cut "
+                            "short or changed after it was written (e.g. a copy or download that stopped): copy or "
+                            "write it again.")
 
 
 def untrusted(path: str | os.PathLike, refused: str) -> UntrustedCheckpointError:
@@ -161,7 +249,7 @@ def load_checkpoint_file(path: str | os.PathLike, map_location=None, trusted: bo
                                 "(ModelCheckpoint and model.save write the files easyfit can resume from)")
     try:
         state = load_data(path, map_location, trusted)
-    except UntrustedCheckpointError:
+    except (UntrustedCheckpointError, DamagedFileError):
         raise
     except Exception as error:
         raise ValueError(f"{path!r} is not an easyfit checkpoint: it could not be read by torch.load "

@@ -24,10 +24,12 @@ from easyfit.saving.backend_folders import check_dcp_folder
 from easyfit.saving.checkpoint import (
     FORMAT_KEY,
     FSDP_META_FILE,
+    DamagedFileError,
     UntrustedCheckpointError,
     as_data,
     numpy_generator,
     numpy_generator_state,
+    temp_prefix,
 )
 from easyfit.saving.convert import convert_checkpoint
 
@@ -335,3 +337,52 @@ def _unpickling_calls() -> set[tuple[str, str]]:
 
 def test_only_the_launchers_own_exchanges_unpickle():
     assert _unpickling_calls() == set(OWN_PICKLES)
+
+
+def test_a_truncated_file_is_refused_naming_it_and_what_is_wrong(tmp_path):
+    model = easyfit.Model(nn.Linear(40, 30))
+    model.save_weights(tmp_path / "whole.pt")
+    model.save(tmp_path / "checkpoint.pt")
+    for name, keep in (("whole.pt", 0.5), ("whole.pt", 0.0), ("checkpoint.pt", 0.5)):
+        data = (tmp_path / name).read_bytes()
+        cut = tmp_path / f"cut-{keep}-{name}"
+        cut.write_bytes(data[:int(len(data) * keep)])
+        what = "it is empty" if keep == 0 else f"its {int(len(data) * keep)} bytes are cut short or damaged"
+        with pytest.raises(DamagedFileError, match=rf"^'{cut}' cannot be read: {what}.*copy or write it again"):
+            model.load_weights(cut)
+        with pytest.raises(DamagedFileError, match=rf"^'{cut}' cannot be read"):
+            easyfit.Model.load(cut, nn.Linear(40, 30))
+
+
+KILLED_SAVE = """
+import os, signal, sys, torch, easyfit
+def stop_half_way(obj, path):
+    with open(path, "wb") as file:
+        file.write(b"PK" * 1000)
+        file.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = stop_half_way
+easyfit.Model(torch.nn.Linear(4, 1)).save(sys.argv[1])
+"""
+
+
+def test_what_a_killed_save_leaves_is_removed_by_the_next_save_or_load(tmp_path):
+    """Only easyfit's temporary files of that target, of a writer that has ended, are removed."""
+    path = tmp_path / "model.pt"
+    easyfit.Model(nn.Linear(4, 1)).save(path)
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(path)], stderr=subprocess.PIPE)
+    assert killed.wait(timeout=120) == -9, killed.stderr.read().decode()[-2000:]
+    leftover = [name for name in os.listdir(tmp_path) if name != "model.pt"]
+    assert leftover == [temp_prefix(str(path), killed.pid) + leftover[0][-11:]] and leftover[0].endswith(".pt")
+    leftover = tmp_path / leftover[0]
+    kept = [tmp_path / (temp_prefix(str(path), os.getppid()) + "abcd1234.pt"),   # its writer still runs
+            tmp_path / (temp_prefix(str(tmp_path / "other.pt"), killed.pid) + "abcd1234.pt"),   # another target's
+            tmp_path / ".tmp-abcd1234.pt"]   # not named as easyfit names its own
+    for file in kept:
+        file.write_bytes(b"")
+    copy = leftover.read_bytes()
+    easyfit.Model.load(path, nn.Linear(4, 1))   # a load: the old file is whole, the leftover removed
+    assert not leftover.exists() and all(file.exists() for file in kept)
+    leftover.write_bytes(copy)
+    easyfit.Model(nn.Linear(4, 1)).save_weights(path)   # a save
+    assert not leftover.exists() and all(file.exists() for file in kept)
