@@ -108,7 +108,6 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
                                                       options.max_restarts if strategy.launcher is not None else 0,
                                                       strategy)
         callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
-        model._callbacks = callbacks
         resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
                        or options.resume_from)
         state = None if resume_from is None else strategy.load_checkpoint(resume_from)
@@ -135,11 +134,14 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
 
 def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
                   restartable: fault_tolerance.RestartableFit | None = None) -> CallbackList:
-    """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit."""
+    """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit: the
+    Model's callbacks from now on, whose states its checkpoints hold (in a rank, and in the caller of spawned ranks,
+    which gives them rank 0's states)."""
     display = progress_callbacks(options.verbose, is_global_zero)
     tolerance = [] if restartable is None else [fault_tolerance.FaultToleranceCheckpoint(
         restartable, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
-    return CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
+    model._callbacks = CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
+    return model._callbacks
 
 
 def step_rates(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,

@@ -1,6 +1,7 @@
 """Continuing a run on one process, in the combinations that broke it: a checkpoint after an epoch's last batch, a
 save_freq counted across epochs with accumulation windows that start again each epoch, SWA's BatchNorm pass drawing
-Dropout masks after the fit, CSVLogger's rows after a resume, a second fit, and a drawn differential over the space
+Dropout masks after the fit, a save after the fit with every stateful callback, CSVLogger's rows after a resume, a
+second fit, and a drawn differential over the space
 (tests/distributed/scripts/resume_space.py; its multi-process runs are in tests/distributed/test_resume_space.py)."""
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_save_freq_a_multiple_of_the_accumulation_never_writes_inside_a_window(t
 
 def test_swa_s_batchnorm_pass_leaves_the_random_state_the_fit_left(tmp_path):
     continued("swa", tmp_path)
+
+
+def test_a_save_after_the_fit_holds_every_stateful_callback_and_resumes_as_one_fit(tmp_path):
+    assert len(continued("callbacks", tmp_path)["callbacks single states"][0]) > 100   # EMA's averages among them
 
 
 def test_csv_logger_s_rows_after_a_resume_are_the_uninterrupted_runs(tmp_path):
