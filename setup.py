@@ -29,6 +29,7 @@ EXTRAS["dev"] = [
     "nbclient>=0.7", "ipykernel>=6", "nbformat>=5",   # nbclient and ipykernel run the course notebooks
     "mlflow>=3.0", "wandb>=0.19", "optuna>=4.0",   # the callbacks around the fit, tested for real
     "torchmetrics>=1.0",   # a user's metric objects, and the numbers the named metrics are compared with
+    "jedi>=0.19",   # what an editor completes in a call, read from the source (tests/test_signatures.py)
     *EXTRAS["examples"], *EXTRAS["hf"],   # the examples and the Hugging Face paths, tested too
     *EXTRAS["export"], *EXTRAS["safetensors"],   # ONNX and .pt2 export, safetensors weight files
     *EXTRAS["ray"],   # launcher="ray" on a local Ray cluster the tests start

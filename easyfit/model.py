@@ -15,7 +15,7 @@ from easyfit.distributed.from_rank_zero import (
     reissue,
     restore_callback_attributes,
 )
-from easyfit.distributed.run_options import RunOptions, takes_run_options
+from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategy_parts.construction import prepare_for_state
 from easyfit.parts.losses import resolve_loss
@@ -28,13 +28,14 @@ from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
 from easyfit.training.compiling import CompiledSteps
-from easyfit.training.fit_options import FitOptions, takes_fit_options
+from easyfit.training.fit_options import FitOptions, LoopOptions
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import EVALUATE, FIT, PREDICT, call_on_rank, fit_callbacks
-from easyfit.training.plan import LoopOptions, plan_call
+from easyfit.training.plan import plan_call
 from easyfit.tuning import SWEEP_OPTIONS, batch_size_finder
 from easyfit.utils.checks import check_model_arguments
+from easyfit.utils.options import call_arguments, given, takes_options
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
@@ -114,9 +115,15 @@ class Model(OnBatchCalls):
         return (self._identity or launch_identity())[1]
 
     # --- public API ---------------------------------------------------------------------
-    @takes_run_options()
-    @takes_fit_options()
-    def fit(self, x=None, y=None, *positional, **keywords) -> History:
+    @takes_options(FitOptions, RunOptions)
+    def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *, seed=0,
+            resume_from=None, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
+            lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
+            steps_per_execution="auto", devices="auto", accelerator="auto", strategy="auto", launcher="auto",
+            num_nodes=1, precision=None, compile=False, auto_select_gpus=False, process_group_backend=None,
+            num_workers=0, replace_sampler=True, collate_fn=None, **unknown) -> History:
         """Train the net; the History of the fit (`history.history`: loss, metrics and their val_ twins per epoch).
 
         Args:
@@ -124,42 +131,40 @@ class Model(OnBatchCalls):
                 given) or any re-iterable of batches `(x, y)`, `(x1, x2, ..., y)` or dicts.
             y: targets for array / tensor `x`; None when `x` yields its own targets.
         """
-        options, run_options = FitOptions.given(positional, keywords)
-        run = RunOptions.given(run_options, "Model.fit")
+        options, run = given(locals(), FitOptions, RunOptions)
         history = self._dispatch(FIT, run, x, y, options)
         self.net.eval()   # calling the net now runs inference, as predict does
         fit_returned(callback_list(options.callbacks))   # outside every launcher: OptunaPruning raises TrialPruned
         return history
 
-    @takes_run_options()
-    def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, **run_options):
+    @takes_options(LoopOptions, RunOptions)
+    def evaluate(self, x=None, y=None, batch_size=32, verbose=1, callbacks=None, return_dict=False, *,
+                 devices="auto", accelerator="auto", strategy="auto", launcher="auto", num_nodes=1, precision=None,
+                 compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
+                 replace_sampler=True, collate_fn=None, **unknown):
         """Loss and metrics over the whole data, exact on any number of processes: the loss alone when there are
         no metrics, else [loss, metric, ...] in the order given to the Model.
 
         Args:
             x, y: the data, in any form fit takes.
-            batch_size: samples per batch and process (default 32).
-            verbose: 0 silent, 1 (default) a progress bar, 2 one line.
-            callbacks: Callback objects whose test hooks run (default none).
             return_dict: {"loss": ..., "accuracy": ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, "Model.evaluate")
-        logs = self._dispatch(EVALUATE, run, x, y, LoopOptions(batch_size, verbose, callback_list(callbacks)))
+        loop, run = given(locals(), LoopOptions, RunOptions)
+        logs = self._dispatch(EVALUATE, run, x, y, loop)
         return scores_result(logs, self.metrics.names, return_dict)
 
-    @takes_run_options()
-    def predict(self, x, batch_size=32, verbose=0, callbacks=None, **run_options):
+    @takes_options(LoopOptions, RunOptions, verbose=0)
+    def predict(self, x, batch_size=32, verbose=0, callbacks=None, *, devices="auto", accelerator="auto",
+                strategy="auto", launcher="auto", num_nodes=1, precision=None, compile=False, auto_select_gpus=False,
+                process_group_backend=None, num_workers=0, replace_sampler=True, collate_fn=None, **unknown):
         """The net's outputs for every sample, in input order, on the CPU: numpy arrays for numpy input, tensors
         otherwise; float32 under mixed precision.
 
         Args:
             x: the inputs, in any form fit takes; every element of a batch goes to the net (no targets).
-            batch_size: samples per batch and process (default 32).
-            verbose: 0 (default) silent, 1 a progress bar.
-            callbacks: Callback objects whose predict hooks run (default none).
         """
-        run = RunOptions.given(run_options, "Model.predict")
-        outputs = self._dispatch(PREDICT, run, x, None, LoopOptions(batch_size, verbose, callback_list(callbacks)))
+        loop, run = given(locals(), LoopOptions, RunOptions)
+        outputs = self._dispatch(PREDICT, run, x, None, loop)
         return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
 
     @property
@@ -214,24 +219,33 @@ class Model(OnBatchCalls):
         model.restore(state)
         return model
 
-    @takes_run_options()
-    @takes_fit_options(leave_out=SWEEP_OPTIONS, keyword_only=True, verbose=0)
-    def find_lr(self, x=None, y=None, *, start_lr=1e-7, end_lr=10.0, num_steps=200, batch_size=32, smoothing=0.05,
-                divergence=4.0, plot=False, **kwargs):
+    @takes_options(FitOptions, RunOptions, leave_out=SWEEP_OPTIONS, keyword_only=True, verbose=0)
+    def find_lr(self, x=None, y=None, *, start_lr=1e-7, end_lr=10.0, num_steps=200, smoothing=0.05, divergence=4.0,
+                plot=False, batch_size=32, verbose=0, callbacks=None, shuffle=True, class_weight=None,
+                sample_weight=None, initial_epoch=0, validation_steps=None, validation_batch_size=None,
+                validation_freq=1, seed=0, gradient_accumulation_steps=1, gradient_clip_val=None, lr_scaling="linear",
+                lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None, fault_tolerance_every_n_steps=None,
+                steps_per_execution="auto", devices="auto", accelerator="auto", strategy="auto", launcher="auto",
+                num_nodes=1, precision=None, compile=False, auto_select_gpus=False, process_group_backend=None,
+                num_workers=0, replace_sampler=True, collate_fn=None, **unknown):
         """The learning-rate range test: an `LRFinderResult` with the curve and the suggested `lr`; the net,
         optimizer and RNG are left exactly as before. See easyfit.tuning.lr_finder and docs/api.md."""
+        arguments = call_arguments(locals())
         from easyfit.tuning.lr_finder import find_lr  # on first use: its import is not `import easyfit`'s cost
-        return find_lr(self, x, y, start_lr=start_lr, end_lr=end_lr, num_steps=num_steps, batch_size=batch_size,
-                       smoothing=smoothing, divergence=divergence, plot=plot, **kwargs)
+        return find_lr(self, **arguments)
 
-    @takes_run_options()
-    @takes_fit_options(leave_out=batch_size_finder.TRIAL_OPTIONS, keyword_only=True)
+    @takes_options(FitOptions, RunOptions, leave_out=batch_size_finder.TRIAL_OPTIONS, keyword_only=True)
     def find_batch_size(self, x=None, y=None, *, start=1, max_batch_size=None, max_memory=None, steps=2,
-                        **kwargs) -> int:
+                        callbacks=None, class_weight=None, sample_weight=None, initial_epoch=0, validation_steps=None,
+                        validation_batch_size=None, validation_freq=1, seed=0, gradient_accumulation_steps=1,
+                        gradient_clip_val=None, lr_warmup_epochs=0, max_restarts=None, fault_tolerance=None,
+                        fault_tolerance_every_n_steps=None, steps_per_execution="auto", devices="auto",
+                        accelerator="auto", strategy="auto", launcher="auto", num_nodes=1, precision=None,
+                        compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
+                        replace_sampler=True, collate_fn=None, **unknown) -> int:
         """The largest per-process batch size that trains (every process agrees on the smallest answer); the state
         is left as before. See easyfit.tuning.batch_size_finder and docs/api.md."""
-        return batch_size_finder.find_batch_size(self, x, y, start=start, max_batch_size=max_batch_size,
-                                                 max_memory=max_memory, steps=steps, **kwargs)
+        return batch_size_finder.find_batch_size(self, **call_arguments(locals()))
 
     def summary(self, print_fn=print, input_example=None) -> str:
         """A Keras-like table of layers, output shapes (when `input_example` is given: also `summary(x)`) and

@@ -23,7 +23,7 @@ import easyfit
 
 ROOT = os.path.dirname(easyfit.__file__)
 #: helpers every layer calls, not steps of the way
-LEAVES = ("utils/checks.py", "utils/tensors.py")
+LEAVES = ("utils/checks.py", "utils/tensors.py", "utils/options.py")
 
 
 class Call:
@@ -79,8 +79,8 @@ def property_reads() -> set:
 def _leads_on(call: Call, reads: set) -> bool:
     """Whether a call is a step of the way: not a property read, and it calls on into another module."""
     return call.code not in reads and any(
-        (inner.module not in (call.module, *LEAVES) and inner.code not in reads) or _leads_on(inner, reads)
-        for inner in call.calls)
+        (inner.module not in (call.module, *LEAVES) and inner.code not in reads)
+        or (inner.module not in LEAVES and _leads_on(inner, reads)) for inner in call.calls)
 
 
 def path(recorder: Recorder) -> list[tuple[str, str, bool]]:
@@ -92,9 +92,10 @@ def path(recorder: Recorder) -> list[tuple[str, str, bool]]:
         for side in caller.calls:
             if side is call:
                 break
-            if side.module != caller.module and _leads_on(side, reads):
+            if side.module not in (caller.module, *LEAVES) and _leads_on(side, reads):
                 entered += [(side.module, side.function, True), (caller.module, caller.function, False)]
-        entered.append((call.module, call.function, True))
+        if call.module not in LEAVES:   # a helper the call passes through (a public call's own wrapper)
+            entered.append((call.module, call.function, True))
         caller = call
     merged = []
     for entry in entered:

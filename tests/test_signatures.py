@@ -3,6 +3,7 @@ in their docstrings; a misspelt keyword is refused with the name it was probably
 from __future__ import annotations
 
 import inspect
+import pathlib
 
 import pytest
 import torch
@@ -124,3 +125,66 @@ def test_a_wrapper_put_around_a_call_without_functools_wraps_leaves_its_options_
     assert len(model.fit(x, y, epochs=2, verbose=0, devices=1).history["loss"]) == 2 and seen == [2]
     with pytest.raises(TypeError, match="Did you mean 'devices'"):
         model.fit(x, y, verbose=0, device=1)
+
+
+#: every call that takes options, with its own arguments (the rest of its signature is its options)
+WRITTEN = {"fit": {"x", "y"}, "evaluate": {"x", "y", "return_dict"}, "predict": {"x"},
+           "find_lr": {"x", "y", "start_lr", "end_lr", "num_steps", "smoothing", "divergence", "plot"},
+           "find_batch_size": {"x", "y", "start", "max_batch_size", "max_memory", "steps"},
+           **{call: OWN[call] for call in ("train_on_batch", "test_on_batch", "predict_on_batch")}}
+
+
+def unwritten(call, own: set) -> list:
+    """How the options a call writes in its source differ from those its declarations ask for (names, kinds and
+    defaults, in order): [] when they are the same."""
+    written = [(p.name, p.kind, p.default) for p in inspect.signature(call.__wrapped__).parameters.values()
+               if p.name not in own | {"self", "unknown"}]
+    declared = [(p.name, p.kind, p.default) for p in call.declared]
+    return [] if written == declared else [written, declared]
+
+
+@pytest.mark.parametrize("call", [*WRITTEN, "launch"])
+def test_each_call_writes_the_options_it_declares_in_its_source(call):
+    """What an editor reads (the source) is what the declarations give the checks and help()."""
+    function, own = (easyfit.launch, {"max_restarts"}) if call == "launch" else (getattr(easyfit.Model, call),
+                                                                                 WRITTEN[call])
+    assert not unwritten(function, own), f"write {call}'s options as declared (name, kind, default, order)"
+
+
+def test_an_option_declared_but_not_written_is_named():
+    from easyfit.utils.options import Option, Values, takes_options
+
+    class Two(Values):
+        @classmethod
+        def rows(cls):
+            return [Option("first", 1, "one"), Option("second", None, "two", keyword_only=True)]
+
+    @takes_options(Two)
+    def call(x, first=1, **unknown):
+        """A call."""
+    assert unwritten(call, {"x"})
+    assert inspect.signature(call).parameters["second"].default is None and "second: two" in inspect.getdoc(call)
+    with pytest.raises(TypeError, match=r"call takes at most 2 positional arguments \(x, first\), got 3"):
+        call(1, 2, 3)
+
+
+#: what an editor completes in a call, read from the source alone (jedi, as in VS Code's Jupyter and many editors)
+COMPLETED = {"model.fit(x, y, ": ["epochs=", "devices=", "strategy=", "validation_data=", "gradient_clip_val="],
+             "model.evaluate(x, y, ": ["batch_size=", "return_dict=", "devices="],
+             "model.predict(x, ": ["verbose=", "strategy="],
+             "model.find_lr(x, y, ": ["start_lr=", "batch_size=", "devices="],
+             "model.find_batch_size(x, y, ": ["max_batch_size=", "devices="],
+             "model.train_on_batch(x, y, ": ["class_weight=", "devices="],
+             "easyfit.launch(": ["devices=", "strategy=", "max_restarts="]}
+
+
+@pytest.mark.parametrize("line", list(COMPLETED))
+def test_an_editor_completes_the_options_of_a_call_from_the_source(line):
+    jedi = pytest.importorskip("jedi")
+    root = pathlib.Path(easyfit.__file__).resolve().parents[1]
+    script = jedi.Script(f"import easyfit\nmodel = easyfit.Model(None)\n{line}", path=root / "course.py",
+                         project=jedi.Project(root))
+    offered = {completion.name_with_symbols for completion in script.complete(3, len(line))}
+    assert set(COMPLETED[line]) <= offered, sorted(offered)
+    [signature] = script.get_signatures(3, len(line))
+    assert signature.name == line.split("(")[0].split(".")[1]

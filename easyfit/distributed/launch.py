@@ -4,11 +4,13 @@ from __future__ import annotations
 from easyfit.distributed.connector import connect
 from easyfit.distributed.environments import record_launch_identity
 from easyfit.distributed.fault_tolerance import set_default_max_restarts
-from easyfit.distributed.run_options import RunOptions, takes_run_options
+from easyfit.distributed.run_options import Placement
+from easyfit.utils.options import given, takes_options
 
 
-@takes_run_options(placement_only=True, strategy="ddp")
-def launch(*, max_restarts: int = 0, **run_options):
+@takes_options(Placement, strategy="ddp")
+def launch(*, max_restarts: int = 0, devices="auto", accelerator="auto", strategy="ddp", num_nodes=1,
+           auto_select_gpus=False, process_group_backend=None, **unknown):
     """Start the other ranks now, at the top of a script, instead of at the first fit / evaluate / predict call.
 
     The other ranks then import and load their data while this one does (the time to the first step comes close to
@@ -23,7 +25,7 @@ def launch(*, max_restarts: int = 0, **run_options):
     """
     if not (type(max_restarts) is int and max_restarts >= 0):
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
-    run = RunOptions.given(run_options, "launch")
+    [run] = given(locals(), Placement)
     chosen = connect(**run.placement())
     if chosen.starts_processes:
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "

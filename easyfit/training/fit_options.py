@@ -1,14 +1,13 @@
-"""fit's own options (what to train on and how), each declared once: its name, default, check, doc and kind.
+"""fit's own options (what to train on and how) and evaluate's and predict's, each declared once: its name, default,
+check, doc and kind (easyfit.utils.options).
 
-`takes_fit_options` writes them into a call's signature and docstring (fit, find_lr, find_batch_size: what `help()`
-shows); `FitOptions` is one fit's values, checked by `check_each`; the rows marked `setting` are also the loop's
-`TrainingSettings` (what the strategy and the compiled steps see), and those marked `in_step_key` key the compiled
-programs. Adding an option is one row of `FIT_OPTIONS`."""
+fit, find_lr and find_batch_size write `FIT_OPTIONS` in their signatures (a test holds them equal), evaluate and
+predict `LOOP_OPTIONS`; `FitOptions` is one fit's values, checked in the plan; the rows marked `setting` are also the
+loop's `TrainingSettings` (what the strategy and the compiled steps see), and those marked `in_step_key` key the
+compiled programs. Adding an option is one row of `FIT_OPTIONS` and its parameter in those calls."""
 from __future__ import annotations
 
-import inspect
 import os
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from easyfit.utils.checks import (
     check_verbose,
     validation_tuple,
 )
+from easyfit.utils.options import Option, Values
 
 
 def _check_epochs(value, name: str) -> None:
@@ -48,16 +48,9 @@ def _check_fault_tolerance(value, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class FitOption:
-    """One fit option: `check(value, name)` raises on a bad value before any work; `convert` brings an accepted form
-    to the one easyfit uses; `keyword_only` as in fit's signature; `setting`: a field of the loop's
-    `TrainingSettings`; `in_step_key`: a compiled whole-step program depends on its value."""
-    name: str
-    default: Any
-    doc: str
-    check: Callable[[Any, str], None] | None = None
-    convert: Callable[[Any], Any] | None = None
-    keyword_only: bool = False
+class FitOption(Option):
+    """One fit option (`Option`); `setting`: a field of the loop's `TrainingSettings`; `in_step_key`: a compiled
+    whole-step program depends on its value."""
     setting: bool = False
     in_step_key: bool = False
 
@@ -112,87 +105,53 @@ FIT_OPTIONS: list[FitOption] = [
 ]
 
 
+#: evaluate's and predict's options (predict's `verbose` is 0)
+LOOP_OPTIONS: list[Option] = [
+    Option("batch_size", 32, "samples per batch and process", check_positive_int),
+    Option("verbose", 1, "0 silent, 1 a progress bar, 2 one line", lambda value, name: check_verbose(value)),
+    Option("callbacks", None, "Callback objects whose hooks for this call run", convert=callback_list),
+]
+
+
 def fit_option_names() -> list[str]:
     return [option.name for option in FIT_OPTIONS]
 
 
-class _Values:
-    """Named values with defaults from rows (`_rows()`), refusing unknown names; attributes, compared by value."""
-
-    @classmethod
-    def _rows(cls) -> dict:
-        raise NotImplementedError
-
-    def __init__(self, **values):
-        rows = self._rows()
-        unknown = sorted(set(values) - set(rows))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} has no {', '.join(unknown)}")
-        for name, default in rows.items():
-            object.__setattr__(self, name, values.get(name, default))
-
-    def __eq__(self, other) -> bool:
-        return type(other) is type(self) and vars(other) == vars(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in vars(self).items())})"
-
-
-class FitOptions(_Values):
+class FitOptions(Values):
     """One fit's own options (`FIT_OPTIONS`), read-only: `options.epochs`, `options.batch_size`, ..."""
 
-    @classmethod
-    def _rows(cls) -> dict:
-        return {option.name: option.default for option in FIT_OPTIONS}
+    title = "fit options"
 
     @classmethod
-    def given(cls, positional: tuple, keywords: dict, call: str = "fit") -> tuple[FitOptions, dict]:
-        """The fit options of a call from its extra positional arguments (the positional options, in order) and
-        keywords; the keywords left (the run options, or misspelt names) come back apart."""
-        names = [option.name for option in FIT_OPTIONS if not option.keyword_only]
-        if len(positional) > len(names):
-            raise TypeError(f"{call} takes at most {len(names) + 2} positional arguments (x, y, {', '.join(names)}), "
-                            f"got {len(positional) + 2}")
-        values, rest = dict(zip(names, positional)), dict(keywords)
-        for name in fit_option_names():
-            if name in rest:
-                if name in values:
-                    raise TypeError(f"{call} got multiple values for argument {name!r}")
-                values[name] = rest.pop(name)
-        return cls(**values), rest
+    def rows(cls) -> list[Option]:
+        return FIT_OPTIONS
 
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError("fit options are read-only: build new ones with replace()")
 
-    def replace(self, **changes) -> FitOptions:
-        return FitOptions(**{**vars(self), **changes})
+class LoopOptions(Values):
+    """The options of an evaluate or predict call (`LOOP_OPTIONS`): samples per batch and process, the display,
+    the callbacks."""
 
-    def checked(self) -> FitOptions:
-        """Check each option on its own (`FitOption.check`); the options in the forms easyfit uses (`convert`)."""
-        values = {}
-        for option in FIT_OPTIONS:
-            value = values[option.name] = getattr(self, option.name)
-            if option.check is not None:
-                option.check(value, option.name)
-            if option.convert is not None:
-                values[option.name] = option.convert(value)
-        return FitOptions(**values)
+    title = "loop options"
+
+    @classmethod
+    def rows(cls) -> list[Option]:
+        return LOOP_OPTIONS
 
 
 #: the loop's own settings, besides the fit options marked `setting`
-LOOP_SETTINGS = {"scheduler_interval": "epoch", "precision": "32"}
+LOOP_SETTINGS = [Option("scheduler_interval", "epoch", "when the scheduler steps"),
+                 Option("precision", "32", "the precision's name")]
 
 
-class TrainingSettings(_Values):
+class TrainingSettings(Values):
     """How fit trains (the fit options marked `setting`, the scheduler's interval, the precision); the strategy sees
     them before `setup` (`Strategy.configure_training`); read-only."""
 
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError("training settings are read-only: build new ones with TrainingSettings.of(...)")
+    title = "training settings"
 
     @classmethod
-    def _rows(cls) -> dict:
-        return {**{option.name: option.default for option in FIT_OPTIONS if option.setting}, **LOOP_SETTINGS}
+    def rows(cls) -> list[Option]:
+        return [option for option in FIT_OPTIONS if option.setting] + LOOP_SETTINGS
 
     @classmethod
     def of(cls, options: FitOptions, **loop_settings) -> TrainingSettings:
@@ -203,31 +162,3 @@ class TrainingSettings(_Values):
         """The settings a compiled whole-step program depends on: part of its cache key."""
         return tuple((option.name, getattr(self, option.name, option.default)) for option in FIT_OPTIONS
                      if option.in_step_key)
-
-
-def documented(options: list[FitOption], defaults: dict) -> str:
-    """The fit options' part of a call's docstring, with the call's defaults."""
-    lines = [textwrap.fill(f"{option.name}: {option.doc} (default {defaults[option.name]!r}).", 116,
-                           initial_indent=" " * 12, subsequent_indent=" " * 16) for option in options]
-    return "\n        Fit options:\n" + "\n".join(lines) + "\n"
-
-
-def takes_fit_options(leave_out: tuple = (), keyword_only: bool = False, **defaults) -> Callable:
-    """Declare that a call takes fit's options through its `*positional` / `**keywords`: its signature and docstring
-    list each (but `leave_out`, and those the call names itself) with its default (`defaults` overrides some for
-    this call), in fit's kinds, or every one keyword-only (`keyword_only`: the finders)."""
-    def decorate(function: Callable) -> Callable:
-        kept = [p for p in inspect.signature(function).parameters.values()
-                if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-        options = [option for option in FIT_OPTIONS if option.name not in set(leave_out) | {p.name for p in kept}]
-        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        kinds = {option.name: inspect.Parameter.KEYWORD_ONLY if option.keyword_only or keyword_only else positional
-                 for option in options}
-        ordered = sorted(options, key=lambda option: kinds[option.name] is not positional)   # stable: rows' order
-        values = {option.name: defaults.get(option.name, option.default) for option in options}
-        parameters = kept + [inspect.Parameter(option.name, kinds[option.name], default=values[option.name])
-                             for option in ordered]
-        function.__signature__ = inspect.signature(function).replace(parameters=parameters)
-        function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + documented(options, values)
-        return function
-    return decorate

@@ -3,16 +3,20 @@ on exactly one batch (a mixin of easyfit.Model)."""
 from __future__ import annotations
 
 from easyfit.data.results import scores_result
-from easyfit.distributed.run_options import RunOptions, takes_run_options
+from easyfit.distributed.run_options import RunOptions
 from easyfit.saving.model_state import kept
+from easyfit.utils.options import given, takes_options
 from easyfit.utils.tensors import sample_count
 
 
 class OnBatchCalls:
     """The *_on_batch calls of a Model."""
 
-    @takes_run_options(devices=1)
-    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, **run_options):
+    @takes_options(RunOptions, devices=1)
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *, devices=1,
+                       accelerator="auto", strategy="auto", launcher="auto", num_nodes=1, precision=None,
+                       compile=False, auto_select_gpus=False, process_group_backend=None, num_workers=0,
+                       replace_sampler=True, collate_fn=None, **unknown):
         """One optimizer step on exactly this batch; its loss (and metrics) as `evaluate` returns them.
         `history` and `completed_epochs` are left as they were.
 
@@ -22,7 +26,7 @@ class OnBatchCalls:
             class_weight: {class index: weight} (default None).
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, "OnBatchCalls.train_on_batch")
+        [run] = given(locals(), RunOptions)
         with kept(self, ("history", "completed_epochs", "_callbacks")):   # a step, not an epoch of the history
             result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
                               fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
@@ -30,23 +34,27 @@ class OnBatchCalls:
         logs = {key: values[-1] for key, values in result.history.items()}
         return scores_result(logs, self.metrics.names, return_dict)
 
-    @takes_run_options(devices=1)
-    def test_on_batch(self, x, y=None, return_dict=False, **run_options):
+    @takes_options(RunOptions, devices=1)
+    def test_on_batch(self, x, y=None, return_dict=False, *, devices=1, accelerator="auto", strategy="auto",
+                      launcher="auto", num_nodes=1, precision=None, compile=False, auto_select_gpus=False,
+                      process_group_backend=None, num_workers=0, replace_sampler=True, collate_fn=None, **unknown):
         """`evaluate` on exactly this batch.
 
         Args:
             x, y: one batch, as arrays or tensors.
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
-        run = RunOptions.given(run_options, "OnBatchCalls.test_on_batch")
+        [run] = given(locals(), RunOptions)
         return self.evaluate(x, y, batch_size=sample_count(x), verbose=0, return_dict=return_dict, **run.keywords())
 
-    @takes_run_options(devices=1)
-    def predict_on_batch(self, x, **run_options):
+    @takes_options(RunOptions, devices=1)
+    def predict_on_batch(self, x, *, devices=1, accelerator="auto", strategy="auto", launcher="auto", num_nodes=1,
+                         precision=None, compile=False, auto_select_gpus=False, process_group_backend=None,
+                         num_workers=0, replace_sampler=True, collate_fn=None, **unknown):
         """`predict` on exactly this batch.
 
         Args:
             x: one batch of inputs, as arrays or tensors.
         """
-        run = RunOptions.given(run_options, "OnBatchCalls.predict_on_batch")
+        [run] = given(locals(), RunOptions)
         return self.predict(x, batch_size=sample_count(x), verbose=0, **run.keywords())

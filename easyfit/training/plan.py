@@ -19,8 +19,7 @@ from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import parse_precision
 from easyfit.training.call_kind import CallKind
 from easyfit.training.compiling import check_compile
-from easyfit.training.fit_options import FitOptions
-from easyfit.utils.checks import check_positive_int, check_verbose
+from easyfit.training.fit_options import FitOptions, LoopOptions
 
 
 def check_fit_call(model, options: FitOptions) -> FitOptions:
@@ -32,19 +31,9 @@ def check_fit_call(model, options: FitOptions) -> FitOptions:
     return options.replace(max_restarts=max_restarts_for(options.max_restarts))
 
 
-@dataclass(frozen=True)
-class LoopOptions:
-    """The options of an evaluate or predict call: samples per batch and process, the display, the callbacks."""
-    batch_size: int
-    verbose: int
-    callbacks: Any
-
-
 def check_loop_call(model, options: LoopOptions) -> LoopOptions:
-    """evaluate's and predict's options in range."""
-    check_positive_int(options.batch_size, "batch_size")
-    check_verbose(options.verbose)
-    return options
+    """evaluate's and predict's options in range, the callbacks as a list."""
+    return options.checked()
 
 
 def check_validation_and_weights(options: FitOptions, loss_fn) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from easyfit.data.batches import check_not_empty
-from easyfit.distributed.run_options import RunOptions, option_names, refuse_unknown
+from easyfit.distributed.run_options import RunOptions, option_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
 from easyfit.saving.model_state import kept
 from easyfit.training.call_kind import CallKind
@@ -26,6 +26,7 @@ from easyfit.training.fit_options import fit_option_names
 from easyfit.tuning.memory_budget import can_measure, default_budget
 from easyfit.tuning.trial import undone_afterwards
 from easyfit.utils.checks import check_positive_int
+from easyfit.utils.options import refuse_unknown
 from easyfit.utils.tensors import sample_count
 
 #: what a failed allocation says on the CPU (torch raises a plain RuntimeError there)
