@@ -15,6 +15,7 @@ from ray_common import BATCH, EPOCHS, LR, assert_like_plain, make_data, make_net
 import easyfit
 from easyfit.callbacks import Callback
 from easyfit.distributed.launchers.failures import RankFailedError
+from easyfit.distributed.launchers.ray_train import join_cluster
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -120,6 +121,29 @@ def test_an_address_that_does_not_answer_is_refused_within_30_seconds(tmp_path):
 def test_more_workers_than_the_cluster_has_cpus_is_refused_naming_both(cluster):
     with pytest.raises(ValueError, match=r"needs 3 workers × 1 CPU = 3 CPU, but the Ray cluster has 2 CPU"):
         model().fit(*make_data(), devices=3, strategy="ddp", launcher="ray")
+
+
+def test_a_joined_cluster_refuses_another_address_and_takes_its_own(cluster):
+    """The test process joined the module's cluster (ray.init): an address of another is refused before training."""
+    with pytest.raises(ValueError, match=r"Ray\(address='127.0.0.1:1'\) names another cluster than the one this "
+                                         r"process joined .*leave address out.*ray.shutdown\(\)"):
+        model().fit(*make_data(), devices=2, strategy="ddp", launcher=easyfit.launchers.Ray(address="127.0.0.1:1"))
+    joined = cluster.get_runtime_context().gcs_address
+    port = joined.rpartition(":")[2]
+    for address in (joined, f"127.0.0.1:{port}", f"localhost:{port}", "auto", None):   # this cluster: no error
+        join_cluster(cluster, easyfit.launchers.Ray(address=address))
+    assert cluster.get_runtime_context().gcs_address == joined
+
+
+def test_local_files_in_the_runtime_env_of_a_joined_process_are_refused_saying_where_they_go(cluster, tmp_path):
+    """Ray uploads local py_modules / working_dir only at ray.init: a joined process is told to pass them there."""
+    local = easyfit.launchers.Ray(runtime_env={"py_modules": [str(tmp_path)], "working_dir": "."})
+    with pytest.raises(ValueError, match=rf"names local files \(py_modules: {tmp_path}; working_dir: \.\).*your own "
+                                         r"ray.init\(runtime_env=\.\.\.\) instead"):
+        model().fit(*make_data(), devices=2, strategy="ddp", launcher=local)
+    join_cluster(cluster, easyfit.launchers.Ray(runtime_env={"py_modules": ["s3://bucket/module.zip"],
+                                                             "working_dir": "gs://bucket/folder.zip",
+                                                             "env_vars": {"A": "1"}}))   # nothing to upload
 
 
 def test_ddp_on_ray_equals_plain_pytorch_on_the_combined_batch(ddp_run):

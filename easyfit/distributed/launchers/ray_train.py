@@ -3,9 +3,10 @@ makes; each worker runs easyfit's rank body (easyfit.distributed.launchers.ray_w
 and state back through a small actor, as a spawned rank 0 does through a file.
 
 Before Ray starts any worker: the cluster is joined (RAY_ADDRESS / `address`, else the running one, else a new local
-one; an address that does not answer is refused within seconds), and the workers asked for are checked against the
-cluster's CPUs and GPUs. The call's inputs go into Ray's object store once; a `ray.data.Dataset` is handed to Ray
-Train, which streams each worker its shard (easyfit.data.ray_dataset)."""
+one; an address that does not answer is refused within seconds; one that contradicts the cluster this process joined
+already, and local files in `runtime_env` that only `ray.init` uploads, are refused), and the workers asked for are
+checked against the cluster's CPUs and GPUs. The call's inputs go into Ray's object store once; a `ray.data.Dataset`
+is handed to Ray Train, which streams each worker its shard (easyfit.data.ray_dataset)."""
 from __future__ import annotations
 
 import os
@@ -96,8 +97,9 @@ def import_ray():
 
 def join_cluster(ray, options: Ray) -> None:
     """Join the cluster the options or RAY_ADDRESS name (refused at once when it does not answer), the one this
-    process joined already, or start a local one, as `ray.init()` does."""
+    process joined already (the options checked against it), or start a local one, as `ray.init()` does."""
     if ray.is_initialized():
+        check_joined_cluster(ray, options)
         return
     address = options.address or os.environ.get("RAY_ADDRESS")
     if address and address not in ("auto", "local"):
@@ -108,6 +110,76 @@ def join_cluster(ray, options: Ray) -> None:
         raise ConnectionError(f"launcher='ray' found no Ray cluster at {address!r} ({error}). Start one "
                               "(ray start --head), give its address, or leave address and RAY_ADDRESS unset to "
                               "start a local one for the call.") from None
+
+
+def check_joined_cluster(ray, options: Ray) -> None:
+    """Refuse options that the cluster this process joined before the call (its own `ray.init()`) cannot honour:
+    an address of another cluster, and local folders or modules in `runtime_env`, which Ray uploads only when a
+    process joins a cluster."""
+    _check_address(ray, options.address)
+    _check_uploads(options.runtime_env)
+
+
+def _check_address(ray, address: str | None) -> None:
+    joined = _joined_address(ray)
+    if address not in (None, "auto", "local") and joined is not None and not same_cluster(address, joined, ray):
+        raise ValueError(f"launcher=Ray(address={address!r}) names another cluster than the one this process joined "
+                         f"before the call (ray.init(), or an earlier call's, at {joined}), and a process joins one "
+                         "cluster: leave address out (or 'auto') to train on the joined cluster, or call "
+                         f"ray.shutdown() before the call to train on {address!r}.")
+
+
+def _check_uploads(runtime_env: dict | None) -> None:
+    local = {name: entries for name, entries in local_uploads(runtime_env).items() if entries}
+    if local:
+        named = "; ".join(f"{name}: {', '.join(map(str, entries))}" for name, entries in local.items())
+        raise ValueError(f"launcher=Ray(runtime_env=...) names local files ({named}), which Ray uploads to the "
+                         "workers only when a process joins the cluster, and this process joined it before the call "
+                         "(ray.init(), or an earlier call's). Pass that runtime_env to your own "
+                         "ray.init(runtime_env=...) instead: the workers inherit the job's runtime environment; or "
+                         "leave out your ray.init() so that the call joins the cluster with Ray(runtime_env=...).")
+
+
+def _joined_address(ray) -> str | None:
+    """The GCS address ("ip:port") of the cluster this process joined; None where Ray does not say (a Ray Client
+    connection)."""
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:
+        return None
+
+
+def same_cluster(address: str, joined: str, ray) -> bool:
+    """Whether `address` ("host:port", "ray://host:port") names the cluster whose GCS is at `joined` ("ip:port"):
+    the same host (this machine's loopback and node address are one) and, for a GCS address, the same port (a
+    ray:// address names the head node's client server, on another port)."""
+    host, port = _host_and_port(address, ray)
+    joined_host, joined_port = _host_and_port(joined, ray)
+    return host == joined_host and (address.startswith("ray://") or port == joined_port)
+
+
+def _host_and_port(address: str, ray) -> tuple[str, str]:
+    """(host, port) of an address, the host as an IP address, "this machine" for this machine's own."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        host = socket.gethostbyname(host or "127.0.0.1")
+    except OSError:
+        return host, port
+    here = host.startswith("127.") or host == ray.util.get_node_ip_address()
+    return ("this machine" if here else host), port
+
+
+def local_uploads(runtime_env: dict | None) -> dict[str, list]:
+    """The entries of a runtime_env that Ray uploads from this machine: local `py_modules` (paths or modules) and a
+    local `working_dir` (anything but a URI, e.g. "s3://...", "gcs://...")."""
+    runtime_env = runtime_env or {}
+    modules, folder = runtime_env.get("py_modules") or [], runtime_env.get("working_dir")
+    return {"py_modules": [entry for entry in modules if not _is_uri(entry)],
+            "working_dir": [folder] if folder is not None and not _is_uri(folder) else []}
+
+
+def _is_uri(entry) -> bool:
+    return isinstance(entry, str) and "://" in entry
 
 
 def check_answers(address: str) -> None:
