@@ -38,6 +38,13 @@ def batch_count(batches) -> int | None:
         return None
 
 
+def epoch_length(batches) -> int | None:
+    """The number of batches the coming epoch of `batches` yields, where known: a step-limited source's own count
+    (fewer than its len() where the data runs out part-way, easyfit.data.steps), else `batch_count`."""
+    coming = getattr(batches, "coming_epoch", None)
+    return batch_count(batches) if coming is None else coming()
+
+
 # ----------------------------------------------------------------------------------------
 # Batch sources: each yields batches for one epoch, on the target device.
 # ----------------------------------------------------------------------------------------

@@ -54,12 +54,6 @@ class StepLimitedBatches(WrappedBatches):
             self.iterator = None
 
 
-def epoch_length(batches) -> int | None:
-    """The number of batches the coming epoch of `batches` yields, where known (`batch_count`, or fewer where
-    step-limited data runs out part-way)."""
-    return batches.coming_epoch() if isinstance(batches, StepLimitedBatches) else batch_count(batches)
-
-
 def limit_steps(batches: BatchSource, steps: int | None, role: str) -> BatchSource:
     """`batches` limited to `steps` per epoch; unchanged when `steps` is None."""
     return batches if steps is None else StepLimitedBatches(batches, steps, role)

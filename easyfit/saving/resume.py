@@ -5,7 +5,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from easyfit.data.steps import epoch_length
+from easyfit.data.batches import epoch_length
 from easyfit.parts import metric_state
 
 

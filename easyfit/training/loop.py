@@ -10,10 +10,9 @@ import torch
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
-from easyfit.data.batches import TensorBatches, batch_source, peek_first_batch
+from easyfit.data.batches import TensorBatches, batch_source, epoch_length, peek_first_batch
 from easyfit.data.contents import batch_length, split_batch
 from easyfit.data.predict_inputs import PredictInputs
-from easyfit.data.steps import epoch_length
 from easyfit.parts.item_counts import item_counting
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
