@@ -3,7 +3,8 @@ windows, SWA's BatchNorm pass, a model.save after the fit with every stateful ca
 rank 0's callback states), CSVLogger's rows, a second fit under every strategy (the sharded ones hand their
 optimizer state back and take it up again), and a drawn resume differential over the strategies
 (tests/distributed/scripts/resume_space.py). Each continued run must equal one uninterrupted fit: the weights bit for
-bit, the History's loss and CSV's values up to rounding.
+bit, the History's loss and CSV's values up to rounding. After a fit with BatchNorm every rank holds rank 0's net, and
+predict and evaluate on 2 ranks give its numbers.
 
 One launch under the script launcher runs every check of ddp and the sharded strategies; one caller runs ddp_spawn's
 (each of its fits spawns its ranks): starting processes is what costs time here."""
@@ -38,7 +39,7 @@ def plan(launcher: str) -> list[str]:
     if launcher == "ddp_spawn":
         return [f"{SPAWN_CHECKS}=ddp_spawn"]
     sharded = installed(SHARDED)
-    return [f"{ISSUE_CHECKS}=ddp", f"second_fit={','.join(['ddp', *sharded])}",
+    return [f"{ISSUE_CHECKS}=ddp", f"second_fit={','.join(['ddp', *sharded])}", "batchnorm=ddp,fsdp",
             f"last_batch={','.join(installed(['ddp_sharded', 'deepspeed_stage_2']) or ['zero'])}",
             f"drawn={','.join(['ddp', *installed(['fsdp', 'zero', 'ddp_sharded', 'deepspeed_stage_2'])])}"]
 
@@ -102,3 +103,12 @@ def test_a_second_fit_continues_the_first_with_momentum_and_adam_over_two_param_
 
 def test_a_drawn_resume_differential_over_the_strategies(launch):
     check(launch("ddp"), "drawn ", count=DRAWS)
+
+
+def test_after_a_fit_with_batchnorm_every_rank_holds_rank_zeros_net_and_serves_it_exactly(launch):
+    """BatchNorm's running statistics, which each rank updates from its own batches, are rank 0's in every process
+    after the fit: a predict and an evaluate on 2 ranks give rank 0's net's numbers as plain PyTorch (under ddp and
+    fsdp here, and under the drawn configurations with BatchNorm)."""
+    for strategy in ("ddp", "fsdp"):
+        check(launch("ddp"), f"batchnorm {strategy} ", count=3)
+    check(launch("ddp"), "served ")

@@ -142,6 +142,13 @@ class MultiProcessStrategy(DataParallelShares, Strategy):
         super().setup_environment()
         self.call_state = self.new_call_state()
 
+    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
+        """Rank 0's buffers into every rank's net (BatchNorm's running statistics, which each rank updated from its
+        own batches): the net is the same in every process after the fit, the one rank 0's checkpoints hold."""
+        from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+        share_rank_zero_buffers(self, user_net)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
+
     def share_cores(self, processes: int) -> None:
         """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
         self.call_state.cores.apply(processes)

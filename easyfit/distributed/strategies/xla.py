@@ -196,6 +196,8 @@ class XLAStrategy(Strategy):
         fit = self.fit_state
         if isinstance(fit, XLAFit):
             move(fit.net, fit.optimizer, CPU)
+        from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+        share_rank_zero_buffers(self, user_net)   # the same net on every replica (see MultiProcessStrategy.end_fit)
         super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:

@@ -10,5 +10,6 @@
   torch's pipeline schedules, and merging / splitting their state;
 - tp_plan, tp_auto, tp_attention, tp_apply: tensor-parallel plans (a user's dict checked against the net, the splits
   "auto" can prove safe), an attention layer's heads split across ranks, and a plan carried out on a net;
-- cpu_threads: each rank's share of the cores when easyfit starts several processes on the CPU.
+- cpu_threads: each rank's share of the cores when easyfit starts several processes on the CPU;
+- buffers: rank 0's buffers (BatchNorm's running statistics) into every rank's net at the end of a fit.
 """

@@ -12,8 +12,11 @@ each CHECK runs under each STRATEGY named with it:
   csv           CSVLogger(append=True) after a stop past an epoch's end that followed the last checkpoint
   second_fit    fit(epochs=1) then fit(epochs=2, initial_epoch=1), SGD momentum and Adam over two param groups
                 (per strategy)
+  batchnorm     a fit of a net with BatchNorm: every rank's net after it (its buffers bit for bit), and a predict
+                and an evaluate on every rank against rank 0's net run as plain PyTorch (per strategy)
   drawn         N configurations drawn with seed S over the strategies, accumulation, clipping, schedulers,
-                optimizers, one fit or two, resuming from model.save or a mid-epoch ModelCheckpoint
+                optimizers, BatchNorm or not (with it, batchnorm's checks of the straight run too), one fit or two,
+                resuming from model.save or a mid-epoch ModelCheckpoint
 Each check gives pairs (what one uninterrupted fit gave, what the continued run gave) under a name; global rank 0
 (the caller with spawned ranks) writes them to OUT_DIR/result.pt. With --devices 1 each fit runs in this process.
 The functions are imported by the one-process tests too.
@@ -150,6 +153,32 @@ def swa(strategy: str, devices: int, out: str) -> dict:
     return {"SWA": (outcome(straight), outcome(resumed))}
 
 
+def batchnorm(strategy: str, devices: int, out: str) -> dict:
+    """2 epochs of a net with BatchNorm, whose running statistics each rank updates from its own batches."""
+    data = make_data(devices, 4)
+    return served(fit(make_model(batchnorm=True), data, strategy, devices, epochs=2), data, devices)
+
+
+def served(model: easyfit.Model, data, devices: int) -> dict:
+    """The net after a fit is rank 0's in every process (each rank's buffers and weights against rank 0's, bit for
+    bit), so predict and evaluate on every rank give what rank 0's net gives as plain PyTorch on all the data."""
+    if devices == 1:
+        return {}
+    mine = weights(model)
+    ranks = [None] * devices
+    torch.distributed.all_gather_object(ranks, mine)
+    placement = {"devices": devices, "accelerator": "cpu", "strategy": "ddp"}
+    predicted = model.predict(data[0], batch_size=BATCH, **placement)
+    scores = model.evaluate(*data, batch_size=BATCH, verbose=0, return_dict=True, **placement)
+    model.net.eval()
+    with torch.no_grad():
+        plain = model.net(data[0])
+    return {**{f"rank {rank}'s net": ({"weights": ranks[0], "loss": []}, {"weights": each, "loss": []})
+               for rank, each in enumerate(ranks[1:], 1)},
+            "predict": (plain.flatten().tolist(), predicted.flatten().tolist()),
+            "evaluate": ([nn.functional.cross_entropy(plain, data[1]).item()], [scores["loss"]])}
+
+
 def stateful(folder: str) -> list:
     """Callbacks whose state steers the rest of the run: on a falling loss, mode "max" never improves after the first
     epoch, so ReduceLROnPlateau halves the LR each epoch and EarlyStopping counts towards its stop in the last one."""
@@ -225,7 +254,8 @@ def draw(rng: random.Random, strategies: list[str]) -> dict:
             "scheduler": rng.choice([None, "step", "epoch"]), "accumulate": rng.choice([1, 2, 3]),
             "clip": rng.choice([None, 0.5]), "dropout": rng.choice([0.0, 0.2]), "batches": rng.choice([4, 5, 7]),
             "save_freq": rng.choice([1, 2, 3, 6]), "epochs": rng.choice([2, 3]), "two_fits": rng.random() < 0.3,
-            "source": rng.choice(["ModelCheckpoint", "model.save"]), "pick": rng.random()}
+            "source": rng.choice(["ModelCheckpoint", "model.save"]), "pick": rng.random(),
+            "batchnorm": rng.random() < 0.5}
 
 
 def drawn(config: dict, devices: int, out: str, index: int) -> dict:
@@ -236,7 +266,8 @@ def drawn(config: dict, devices: int, out: str, index: int) -> dict:
     options = {"gradient_accumulation_steps": config["accumulate"], "gradient_clip_val": config["clip"]}
 
     def model():
-        return make_model(config["optimizer"], config["scheduler"], dropout=config["dropout"])
+        return make_model(config["optimizer"], config["scheduler"], dropout=config["dropout"],
+                          batchnorm=config["batchnorm"])
     pattern = os.path.join(folder, "ck-{epoch}-{batch}.pt")
     checkpoints = [ModelCheckpoint(pattern, save_freq=config["save_freq"])]
     straight = model()
@@ -257,7 +288,9 @@ def drawn(config: dict, devices: int, out: str, index: int) -> dict:
     pair = outcome(straight), outcome(resumed)
     for each in pair:   # the last epoch's loss (a second fit's History starts at its own first epoch)
         each["loss"] = each["loss"][-1:]
-    return {f"drawn {index} {config} from {os.path.basename(source)}": pair}
+    checks = served(straight, data, devices) if config["batchnorm"] else {}
+    return {f"drawn {index} {config} from {os.path.basename(source)}": pair,
+            **{f"served {index} {strategy} {name}": pair for name, pair in checks.items()}}
 
 
 def differences(results: dict) -> list[str]:
@@ -281,7 +314,7 @@ def differences(results: dict) -> list[str]:
 
 
 CHECKS = {"last_batch": last_batch, "windows": windows, "swa": swa, "callbacks": callbacks, "csv": csv,
-          "second_fit": second_fit}
+          "second_fit": second_fit, "batchnorm": batchnorm}
 
 
 def run(plan: dict, devices: int, out: str, draws: int = 0, seed: int = 0) -> dict:
