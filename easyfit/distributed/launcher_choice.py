@@ -27,12 +27,14 @@ class Ray:
 
     Args:
         address: the cluster ("auto", "host:port", "ray://host:10001"); None: RAY_ADDRESS, else a running cluster
-            this process joined, else a new local one.
+            this process joined, else a new local one. Once this process joined a cluster, another's is refused.
         num_workers: workers; None: devices × num_nodes.
         use_gpu: one GPU per worker; None: as `accelerator` says ("auto": when the cluster has GPUs).
         resources_per_worker: Ray resources of each worker (default {"CPU": 1}, plus {"GPU": 1} with GPUs).
         storage_path: where Ray keeps the run (and easyfit its fault-tolerance checkpoint); None: ~/ray_results.
-        runtime_env: Ray's runtime environment of the workers (pip packages, working_dir, env_vars, ...).
+        runtime_env: Ray's runtime environment of the workers (pip packages, working_dir, env_vars, ...); local
+            files (py_modules, working_dir) only where the call joins the cluster: after your own ray.init(), give
+            them to it.
     """
     address: str | None = None
     num_workers: int | None = None
