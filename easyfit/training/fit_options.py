@@ -37,6 +37,10 @@ def _or_none(check: Callable, expected: str) -> Callable[[Any, str], None]:
     return check_given
 
 
+def _check_verbose(value, name: str) -> None:
+    check_verbose(value)
+
+
 def _check_initial_epoch(value, name: str) -> None:
     check_non_negative_int(value, name, "a non-negative integer (the epoch to start at, counted from 0)")
 
@@ -61,7 +65,7 @@ FIT_OPTIONS: list[FitOption] = [
     FitOption("epochs", 1, "the index of the last epoch, as in Keras: resuming after epoch 4 with epochs=8 trains 5 "
               "to 8", _check_epochs),
     FitOption("verbose", "auto", '0 silent, 1 a progress bar, 2 a line per epoch; "auto": 1 on a terminal, else 2',
-              lambda value, name: check_verbose(value)),
+              _check_verbose),
     FitOption("callbacks", None, "Callback objects (EarlyStopping, ModelCheckpoint, ...), or one alone",
               convert=callback_list),
     FitOption("validation_split", 0.0, "the share of the samples (the last ones) held out for validation"),
@@ -108,7 +112,7 @@ FIT_OPTIONS: list[FitOption] = [
 #: evaluate's and predict's options (predict's `verbose` is 0)
 LOOP_OPTIONS: list[Option] = [
     Option("batch_size", 32, "samples per batch and process", check_positive_int),
-    Option("verbose", 1, "0 silent, 1 a progress bar, 2 one line", lambda value, name: check_verbose(value)),
+    Option("verbose", 1, "0 silent, 1 a progress bar, 2 one line", _check_verbose),
     Option("callbacks", None, "Callback objects whose hooks for this call run", convert=callback_list),
 ]
 
