@@ -35,12 +35,12 @@ from easyfit.utils import torch_internals
 from easyfit.utils.torch_internals import (
     compile_totals,
     internals_tested,
+    mode_names,
     mode_options,
     notice_untested,
     untested_reason,
 )
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KEYWORDS = ("backend", "mode", "options", "fullgraph", "dynamic")
 #: modes whose compiled graphs replay as CUDA graphs: their outputs are overwritten by the next replay
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -53,18 +53,29 @@ def compile_settings(value: Any) -> dict | None:
     if value is True:
         return {}
     if isinstance(value, str):
-        if value not in MODES:
-            raise ValueError(f"compile={value!r} is not a torch.compile mode; pass True, one of "
-                             f"{', '.join(map(repr, MODES))}, or a dict of torch.compile options")
+        check_mode(value)
         return {"mode": value}
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(KEYWORDS))
         if unknown:
             raise ValueError(f"compile got unknown option(s) {', '.join(map(repr, unknown))}; torch.compile "
                              f"options are {', '.join(KEYWORDS)}")
+        if value.get("mode") is not None:
+            check_mode(value["mode"])
+            if value.get("options") and value.get("backend", "inductor") != "inductor":
+                raise ValueError(f"compile={value!r} gives both a mode and options, which torch.compile takes for "
+                                 "its inductor backend only; drop one of them")
         return dict(value)
     raise TypeError(f"compile must be True, False, a torch.compile mode or a dict of torch.compile options, got "
                     f"{type(value).__name__}")
+
+
+def check_mode(mode: str) -> None:
+    """Raises unless `mode` is one of the modes the running torch's inductor lists."""
+    modes = mode_names()
+    if mode not in modes:
+        raise ValueError(f"compile={mode!r} is not a torch.compile mode of torch {torch.__version__}; pass True, "
+                         f"one of {', '.join(map(repr, modes))}, or a dict of torch.compile options")
 
 
 def forward_loss(net, loss_fn: Callable | None, inputs, target):
@@ -74,26 +85,27 @@ def forward_loss(net, loss_fn: Callable | None, inputs, target):
 
 
 def compile_arguments(settings: dict, extra: dict) -> dict:
-    """torch.compile's keyword arguments from fit's settings, with `extra` inductor options (and a mode given as
-    the options it stands for: torch.compile takes a mode or options, not both). With inductor, random layers
-    draw eager's numbers (`fallback_random`), so Dropout trains as it does eagerly (each mask one eager call:
-    easyfit.training.eager_random), and CPU matrix products go to oneDNN where it is faster here
-    (easyfit.training.onednn_matmul)."""
+    """torch.compile's keyword arguments from fit's settings, with `extra` inductor options. With inductor a mode is
+    given as the options it stands for (torch.compile takes a mode or options, not both), and random layers draw
+    eager's numbers (`fallback_random`), so Dropout trains as it does eagerly; on a tested torch each mask is one
+    eager call (easyfit.training.eager_random) and CPU matrix products go to oneDNN where it is faster here
+    (easyfit.training.onednn_matmul). Other backends get the mode or the options as given."""
     arguments = {key: value for key, value in settings.items() if key not in ("mode", "options")}
-    options = {}
-    if settings.get("backend", "inductor") == "inductor" and internals_tested():
+    given = settings.get("options") or {}
+    if settings.get("backend", "inductor") != "inductor":
+        if settings.get("mode") is not None:
+            arguments["mode"] = settings["mode"]
+        if given:
+            arguments["options"] = dict(given)
+        return arguments
+    options = {**mode_options(settings.get("mode")), "fallback_random": True}
+    if internals_tested():
         from easyfit.training import onednn_matmul
         from easyfit.training.eager_random import EagerMasks
-        options.update({**mode_options(settings.get("mode")), "fallback_random": True,
-                        "post_grad_custom_pre_pass": EagerMasks(), **extra})
+        options.update({"post_grad_custom_pre_pass": EagerMasks(), **extra})
         if onednn_matmul.available():
             options["post_grad_custom_post_pass"] = onednn_matmul.OneDnnMatmuls()
-    elif settings.get("mode") is not None:
-        arguments["mode"] = settings["mode"]
-    elif settings.get("backend", "inductor") == "inductor":   # plain torch.compile, with eager's random numbers
-        options["fallback_random"] = True
-    options.update(settings.get("options") or {})
-    return {**arguments, "options": options}
+    return {**arguments, "options": {**options, **given}}
 
 
 class CompiledStep:

@@ -6,6 +6,8 @@ tensors. None of these is a public API, so each torch release may change them: e
 tested against the releases in `TESTED_TORCH`. On any other torch, `internals_tested()` is False and `compile=`
 steps back to plain `torch.compile` of the step's parts (the forward with the loss, the optimizer step), without
 easyfit's whole-step program, graph passes or patches, after a one-time notice: eager's numbers, never a wrong one.
+`EASYFIT_PLAIN_COMPILE=1` asks for that path on a tested release too (a way round a failure of the fast path, and
+how the tests run the fallback on every torch they have).
 
 Modules that need inductor's classes import them from here (`CustomGraphPass`, `get_hash_for_files`,
 `unset_fake_temporarily`): they load with torch's compiler, only when something compiles.
@@ -13,6 +15,7 @@ Modules that need inductor's classes import them from here (`CustomGraphPass`, `
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import warnings
 from typing import Callable
@@ -20,7 +23,10 @@ from typing import Callable
 import torch
 
 #: the torch releases (major.minor) easyfit's use of torch's internals was written and tested against
-TESTED_TORCH = ("2.13", "2.14")
+TESTED_TORCH = ("2.13", "2.14", "2.15")
+
+#: the environment variable that, set to 1, runs compile= as plain torch.compile on any torch
+PLAIN_COMPILE = "EASYFIT_PLAIN_COMPILE"
 
 #: globals of torch's own modules and Python's builtins, as Dynamo's guards name them
 FIXED_GLOBALS = ("G['__import_torch", "G['__builtins_dict", "__import__('torch')")
@@ -50,21 +56,28 @@ def torch_release() -> str:
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
+def plain_compile_asked() -> bool:
+    return os.environ.get(PLAIN_COMPILE, "0") not in ("", "0")
+
+
 def internals_tested() -> bool:
-    """Whether the running torch is one that easyfit's use of its internals was tested on."""
-    return torch_release() in TESTED_TORCH
+    """Whether the running torch is one that easyfit's use of its internals was tested on (and no one asked for
+    plain torch.compile)."""
+    return torch_release() in TESTED_TORCH and not plain_compile_asked()
 
 
 def untested_reason() -> str:
+    if plain_compile_asked():
+        return f"{PLAIN_COMPILE}=1 asks for plain torch.compile"
     return (f"torch {torch_release()} is not one of the releases easyfit's compiled step was tested on "
             f"({', '.join(TESTED_TORCH)})")
 
 
 def notice_untested() -> None:
-    """Says once per process that compile= runs as plain torch.compile on this torch."""
-    if torch_release() in _noticed:
+    """Says once per process (and reason) that compile= runs as plain torch.compile."""
+    if untested_reason() in _noticed:
         return
-    _noticed.add(torch_release())
+    _noticed.add(untested_reason())
     warnings.warn(f"compile=: {untested_reason()}, so the forward with the loss and the optimizer step are compiled "
                   "by plain torch.compile, without easyfit's whole-step program and graph passes (eager's numbers; "
                   "the speed may differ)", stacklevel=3)
@@ -119,6 +132,12 @@ def newest_guards(code) -> object | None:
 
 
 # --- inductor --------------------------------------------------------------------------------------------------
+def mode_names() -> tuple[str, ...]:
+    """The torch.compile modes the running torch's inductor lists."""
+    from torch._inductor import list_mode_options
+    return tuple(list_mode_options())
+
+
 def mode_options(mode: str | None) -> dict:
     """The inductor options a torch.compile mode stands for."""
     from torch._inductor import list_mode_options

@@ -1,6 +1,8 @@
 """BackupAndRestore continues a crashed fit exactly; TensorBoard writes what TensorBoard reads and changes nothing."""
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -59,6 +61,11 @@ def test_a_crashed_fit_started_again_with_the_same_call_equals_an_uninterrupted_
     assert not (tmp_path / "backup.pt").exists()   # a fit that ends well deletes its backup
 
 
+#: the TensorBoard callback writes through the tensorboard package (the extra easyfit[tensorboard])
+needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                                       reason="pip install easyfit[tensorboard]")
+
+
 def read_events(folder):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})
@@ -66,6 +73,7 @@ def read_events(folder):
     return accumulator
 
 
+@needs_tensorboard
 def test_tensorboard_writes_epoch_and_batch_scalars_the_graph_and_histograms(digits, tmp_path):
     x, y = digits
     model = dropout_model()
@@ -81,6 +89,7 @@ def test_tensorboard_writes_epoch_and_batch_scalars_the_graph_and_histograms(dig
     assert train.Tags()["graph"]
 
 
+@needs_tensorboard
 def test_tensorboard_leaves_training_unchanged(digits, tmp_path):
     x, y = digits
     plain = dropout_model()   # each built right before its fit: both start from the same random state

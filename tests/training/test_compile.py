@@ -12,6 +12,7 @@ import easyfit
 from easyfit.callbacks import Callback
 from easyfit.training import compiling, functional_step
 from easyfit.training.compiling import LearningRatesInTensors, compile_settings
+from easyfit.utils.torch_internals import mode_names
 
 
 class FramesPerEpoch(Callback):
@@ -74,6 +75,19 @@ def test_nothing_recompiles_after_the_first_epoch(make_net, classification):
     compiled = counter.frame_count   # with evaluate's and predict's
     model.fit(*classification, epochs=3, batch_size=32, verbose=0, compile={"backend": counter}, devices=1)
     assert counter.frame_count == compiled
+
+
+@pytest.mark.parametrize("mode", [mode for mode in mode_names() if mode not in ("default", "reduce-overhead")])
+def test_every_mode_torch_lists_trains_with_eagers_numbers(make_net, classification, mode):
+    """Each mode the running torch lists (default and reduce-overhead: above) gives eager's numbers, on compile='s
+    fast path and on its fallback (plain torch.compile) alike."""
+    _assert_close(_fit(make_net, classification, compile=False), _fit(make_net, classification, compile=mode), 1e-5)
+
+
+def test_a_mode_with_options_is_refused_for_a_backend_that_takes_one_of_them(make_net, classification):
+    with pytest.raises(ValueError, match="gives both a mode and options"):
+        easyfit.Model(make_net()).fit(*classification, verbose=0,
+                                      compile={"backend": "aot_eager", "mode": "default", "options": {"a": 1}})
 
 
 @pytest.mark.parametrize("value, error, words", [

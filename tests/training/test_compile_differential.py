@@ -14,7 +14,9 @@ Most families compile with torch's "aot_eager" backend, the same traced programs
 their guards, the direct call, the optimizer state and learning rates easyfit hands them) without generating code;
 one in EASYFIT_COMPILE_INDUCTOR_EVERY (5 here) compiles with inductor. EASYFIT_COMPILE_CONFIGS sets how many
 configurations are drawn (200 here, in families of EASYFIT_COMPILE_MEMBERS, 8; 2,000 in the soak,
-scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw.
+scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw. On compile='s fallback (plain torch.compile: an untested
+torch, or EASYFIT_PLAIN_COMPILE=1) the same fits run as compiled parts, and an explicit steps_per_execution > 1 is
+refused by the plan.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import warnings
 
 import pytest
 import torch
+from compile_paths import FAST_PATH
 from compile_space import families, fit, new_model
 
 COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "200"))
@@ -56,6 +59,11 @@ def test_compiled_fits_equal_eager(index):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for config in family:
+            if not FAST_PATH and config.steps_per_execution not in (1, "auto"):   # refused by the plan
+                with pytest.raises(ValueError, match=f"steps_per_execution={config.steps_per_execution} needs the "
+                                                     "whole step as one program"):
+                    fit(config, {"backend": backend}, model)
+                continue
             eager_net, eager = fit(config, False)
             net, compiled = fit(config, {"backend": backend}, model)
             assert_equal_fits(config, eager_net, eager, net, compiled, backend)
