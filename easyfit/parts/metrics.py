@@ -132,8 +132,8 @@ def infer_task(output: torch.Tensor, target: torch.Tensor, loss_fn: Any) -> Task
     outputs = output_kind(loss_fn) or ("probabilities" if _within_unit_interval(output) else "logits")
     if output.dim() < 2 or output.shape[-1] == 1:
         return Task("binary", 2, outputs, False)
-    columns = output.shape[-1]
     classes_second = target.shape == output.shape[:1] + output.shape[2:]   # (N, C, ...) as torchmetrics takes
+    columns = output.shape[1] if classes_second else output.shape[-1]
     if output.dim() > 2 and target.shape == output.shape[:-1] and not classes_second:
         raise ValueError(
             f"the classification metrics got outputs of shape {tuple(output.shape)} for class targets of shape "

@@ -172,6 +172,21 @@ def test_metrics_of_low_precision_outputs_equal_torchmetrics_on_their_exact_prob
             assert values[name] == pytest.approx(value(theirs), abs=1e-6), (name, task, kind, dtype, given)
 
 
+def test_scores_per_position_with_the_classes_on_dimension_1_are_a_task_of_those_classes():
+    """(samples, classes, positions) logits with (samples, positions) class targets, as torchmetrics takes them: the
+    classes are dimension 1's (not the positions), and auroc's softmax runs over them."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    generator = torch.Generator().manual_seed(0)
+    output, target = torch.randn(16, 3, 5, generator=generator), torch.randint(0, 3, (16, 5), generator=generator)
+    metrics = MetricSet(["accuracy", "f1", "auroc"], torch.nn.CrossEntropyLoss())
+    metrics.update(output, target)
+    expected = {"accuracy": torchmetrics.functional.accuracy(output, target, "multiclass", num_classes=3),
+                "f1": torchmetrics.functional.f1_score(output, target, "multiclass", num_classes=3, average="macro"),
+                "auroc": torchmetrics.functional.auroc(output.softmax(1), target, "multiclass", num_classes=3)}
+    assert metrics.task.classes == 3
+    assert metrics.compute() == pytest.approx({name: float(value) for name, value in expected.items()}, abs=1e-6)
+
+
 class Given(torch.nn.Module):
     """A net that outputs its input: the scores of a model fitted elsewhere."""
 
