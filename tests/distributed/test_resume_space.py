@@ -107,8 +107,8 @@ def test_a_drawn_resume_differential_over_the_strategies(launch):
 
 def test_after_a_fit_with_batchnorm_every_rank_holds_rank_zeros_net_and_serves_it_exactly(launch):
     """BatchNorm's running statistics, which each rank updates from its own batches, are rank 0's in every process
-    after the fit: a predict and an evaluate on 2 ranks give rank 0's net's numbers as plain PyTorch (under ddp and
-    fsdp here, and under the drawn configurations with BatchNorm)."""
+    after the fit: the fit's last validation, a predict and an evaluate on 2 ranks give rank 0's net's numbers as
+    plain PyTorch (under ddp and fsdp here, and under the drawn configurations with BatchNorm)."""
     for strategy in ("ddp", "fsdp"):
-        check(launch("ddp"), f"batchnorm {strategy} ", count=3)
+        check(launch("ddp"), f"batchnorm {strategy} ", count=4)
     check(launch("ddp"), "served ")

@@ -124,6 +124,14 @@ class DDPStrategy(ParallelStrategy):
             fit.hook_state.load_state_dict(saved[self.global_rank])
         return state
 
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The training net (validation in a fit) takes rank 0's buffers first, as DDP gives them to every rank at
+        its next forward: the ranks evaluate one net, the one rank 0's checkpoints hold."""
+        if isinstance(net, DistributedDataParallel):
+            from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+            share_rank_zero_buffers(self, net.module)
+        return super().module_for_eval(net)
+
     def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
         return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
 

@@ -130,10 +130,16 @@ class ShardedState(ShardedTraining):
     def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
         """Validation inside fit runs a plain copy of the user's net with the gathered weights, made for the pass:
         ranks may get different numbers of evaluation batches, and a sharded forward would wait for the others at
-        every layer. With hand_back=False the sharded net itself runs (`forward_in_lockstep`)."""
+        every layer; it holds rank 0's buffers, so the ranks evaluate one net. With hand_back=False the sharded net
+        itself runs (`forward_in_lockstep`)."""
         if not self.trains_net(net):
             return super().module_for_eval(net)
-        return net if self.forward_in_lockstep(net) else self.gathered_copy(net)
+        if self.forward_in_lockstep(net):
+            return net
+        from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+        gathered = self.gathered_copy(net)
+        share_rank_zero_buffers(self, gathered)
+        return gathered
 
     # --- checkpoints ----------------------------------------------------------------
     def save_shards(self, path: str, state: dict) -> None:

@@ -12,8 +12,9 @@ each CHECK runs under each STRATEGY named with it:
   csv           CSVLogger(append=True) after a stop past an epoch's end that followed the last checkpoint
   second_fit    fit(epochs=1) then fit(epochs=2, initial_epoch=1), SGD momentum and Adam over two param groups
                 (per strategy)
-  batchnorm     a fit of a net with BatchNorm: every rank's net after it (its buffers bit for bit), and a predict
-                and an evaluate on every rank against rank 0's net run as plain PyTorch (per strategy)
+  batchnorm     a fit of a net with BatchNorm: every rank's net after it (its buffers bit for bit), and its last
+                validation, a predict and an evaluate on every rank against rank 0's net run as plain PyTorch
+                (per strategy)
   drawn         N configurations drawn with seed S over the strategies, accumulation, clipping, schedulers,
                 optimizers, BatchNorm or not (with it, batchnorm's checks of the straight run too), one fit or two,
                 resuming from model.save or a mid-epoch ModelCheckpoint
@@ -154,9 +155,12 @@ def swa(strategy: str, devices: int, out: str) -> dict:
 
 
 def batchnorm(strategy: str, devices: int, out: str) -> dict:
-    """2 epochs of a net with BatchNorm, whose running statistics each rank updates from its own batches."""
+    """2 epochs of a net with BatchNorm, whose running statistics each rank updates from its own batches; the last
+    validation pass ran the net the fit ends with."""
     data = make_data(devices, 4)
-    return served(fit(make_model(batchnorm=True), data, strategy, devices, epochs=2), data, devices)
+    model = fit(make_model(batchnorm=True), data, strategy, devices, epochs=2, validation_data=data)
+    checks = served(model, data, devices)
+    return {**checks, "validation": (checks["evaluate"][0], model.history.history["val_loss"][-1:])}
 
 
 def served(model: easyfit.Model, data, devices: int) -> dict:
