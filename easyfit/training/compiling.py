@@ -268,9 +268,12 @@ class CompiledSteps:
                                  loop.settings.step_key()), dict)
         device = loop.strategy.root_device
         extra = {}
-        if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size):
+        if device.type == "cpu" and small_step(loop.net, loop.settings.batch_size) and \
+                not mode_options(settings.get("mode")).get("fallback_by_default"):
             # the kernels called from C++, not from Python: less per call, but slower matrix products, so only where
-            # calls cost more than arithmetic (the figures: docs/performance.md, "The whole step as one program")
+            # calls cost more than arithmetic (the figures: docs/performance.md, "The whole step as one program");
+            # not where a mode leaves most operations to torch's eager kernels ("lite"), which the C++ wrapper's
+            # calls into them fail on (torch 2.15: pow with a number first)
             extra["cpp_wrapper"] = True
         arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
 
@@ -359,8 +362,10 @@ def check_compile(value: Any, strategy, options=None, model=None, precision: str
 
 
 def whole_step_refusal(net, optimizer, scaled: bool, strategy) -> str | None:
-    """Why a training step cannot be one compiled program here, the data aside (None: it can)."""
-    return untested_reason() if not internals_tested() else unfusable_reason(net, optimizer, scaled, strategy)
+    """Why a training step cannot be one compiled program here, the data aside (None: it can): first a reason that
+    holds on any torch, then the fallback's."""
+    reason = unfusable_reason(net, optimizer, scaled, strategy)
+    return reason if reason is not None or internals_tested() else untested_reason()
 
 
 def steps_need_one_program(steps: int, reason: str) -> ValueError:

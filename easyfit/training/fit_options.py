@@ -60,8 +60,8 @@ class FitOption(Option):
 
 
 FIT_OPTIONS: list[FitOption] = [
-    FitOption("batch_size", 32, "samples per batch and process; the effective batch is this × the processes",
-              check_positive_int, setting=True),
+    FitOption("batch_size", 32, "samples per batch and process; the effective batch is this × the processes × "
+              "gradient_accumulation_steps", check_positive_int, setting=True),
     FitOption("epochs", 1, "the index of the last epoch, as in Keras: resuming after epoch 4 with epochs=8 trains 5 "
               "to 8", _check_epochs),
     FitOption("verbose", "auto", '0 silent, 1 a progress bar, 2 a line per epoch; "auto": 1 on a terminal, else 2',

@@ -100,6 +100,7 @@ def test_tensorboard_leaves_training_unchanged(digits, tmp_path):
         assert torch.equal(logged.net.state_dict()[key], value), key
 
 
+@needs_tensorboard
 def test_tensorboard_rejects_a_bad_update_freq(tmp_path):
     with pytest.raises(ValueError, match="update_freq must be 'epoch', 'batch' or a positive number"):
         TensorBoard(tmp_path, update_freq=0)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from compile_paths import fast_path
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -157,6 +158,7 @@ def test_compiled_on_a_gpu_matches_eager_within_1e_5(make_net, classification, m
     assert graphs.counts[0] > 0 and graphs.counts[1] == graphs.counts[0]   # nothing compiled in the second epoch
 
 
+@fast_path
 def test_the_hand_off_from_parts_to_programs_under_cuda_graphs_keeps_eager_s_numbers(make_net, classification,
                                                                                      monkeypatch):
     """Under CUDA graphs the first step's gradients live in the graphs' pool, so the whole-step programs take over

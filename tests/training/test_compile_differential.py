@@ -1,7 +1,7 @@
 """compile= against eager over the space users live in (tests/training/compile_space.py): each drawn configuration
 is fitted eagerly and compiled, and every History value must agree within 1e-5 (under bf16-mixed, where a traced
-program rounds at other points, within one bf16 rounding step, and an accuracy within a near tie that may flip), the
-weights too where SGD carries differences as they are.
+program rounds at other points, within one bf16 rounding step, and an accuracy within a near tie that may flip: one
+sample in float32), the weights too where SGD carries differences as they are.
 
 The configurations come in families: what shapes the compiled programs (net, optimizer, precision, accumulation,
 clipping, weights, steps_per_execution, batch size, data as tensors, a DataLoader or a DataLoader whose batches change
@@ -39,11 +39,15 @@ FAMILIES = families(-(-COUNT // MEMBERS), MEMBERS, SEED)
 #: that flips: 3 of training's 60 samples, 1 of validation's 15
 BF16_LOSS = 2.0 ** -8
 BF16_ACCURACY = {"accuracy": 3 / 60, "val_accuracy": 1 / 15}
+#: float32: an accuracy may differ by one sample whose two largest logits tie within rounding (a compiled kernel sums
+#: in another order); the loss and the weights, compared within 1e-5, show any real difference
+TIE_ACCURACY = {"accuracy": 1 / 60, "val_accuracy": 1 / 15}
 
 
 def assert_equal_fits(config, eager_net, eager: dict, net, compiled: dict, backend: str) -> None:
     for key, values in eager.items():
-        tolerance = 1e-5 if config.precision != "bf16-mixed" else BF16_ACCURACY.get(key, BF16_LOSS) + 1e-9
+        tolerance = TIE_ACCURACY.get(key, 0.0) + 1e-5 if config.precision != "bf16-mixed" else \
+            BF16_ACCURACY.get(key, BF16_LOSS) + 1e-9
         assert compiled[key] == pytest.approx(values, abs=tolerance, rel=tolerance), (str(config), key, backend)
     if config.well_conditioned and config.precision != "bf16-mixed":
         for (name, expected), actual in zip(eager_net.state_dict().items(), net.state_dict().values()):
