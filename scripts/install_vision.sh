@@ -21,25 +21,9 @@ TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
 PYTHON=${PYTHON:-python3}
 
-# easyfit's requirements and the extras it needs, read from setup.py: with this script, what the environment is
-# built from, so a change to either builds a new one
-listed=$("$PYTHON" - <<'PY'
-import ast
-import pathlib
-
-tree = ast.parse(pathlib.Path("setup.py").read_text())
-extras = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-              and getattr(node.targets[0], "id", None) == "EXTRAS")
-extras = ast.literal_eval(extras)
-install = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.keyword)
-               and node.arg == "install_requires")
-for requirement in [*install, *extras["export"], *extras["safetensors"], *extras["examples"]]:
-    print(requirement)
-PY
-)
-mapfile -t requirements <<< "$listed"
 name=install_vision.sh what="torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION"
 source scripts/side_venv.sh
+mapfile -t requirements < <(core_test_requirements)
 key=$( (cat scripts/install_vision.sh scripts/side_venv.sh; printf '%s\n' "${requirements[@]}") | sha256sum | cut -c1-12)
 venv=${EASYFIT_VISION_VENV:-$HOME/.cache/easyfit/vision-venv-torch$TORCH_VERSION-tv$TORCHVISION_VERSION-$py_version-$key}
 ready="$venv/.easyfit-ready-vision-$key"
@@ -47,7 +31,7 @@ stale="$(dirname "$venv")/vision-venv-"   # an environment built from older file
 start_side_venv "$@"
 # torch and torchvision are pinned in the same command, so that pip resolves no other torch for them
 "$py" -m pip install --quiet --no-compile "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" timm \
-    "${requirements[@]}" "torchmetrics>=1.0" "pytest>=7" "pytest-timeout>=2" "pytest-xdist>=3"
+    "${requirements[@]}"
 # a training step of a torchvision and a timm model proves the environment before it is marked ready
 "$py" -c '
 import timm, torch, torchvision

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build, once per machine, the virtual environment the XLA tests run in: torch_xla 2.9.0 with the torch it pins
-# (2.9.0), beside (never inside) the main environment, whose torch stays as it is.
+# (2.9.0), beside (never inside) the main environment, whose torch stays as it is. That torch is easyfit's floor (the
+# oldest release it supports: setup.py's torch>=), so the suite's core runs there too, with what it needs.
 #
 # torch_xla 2.9.0 requires exactly torch 2.9.0, and PyPI's torch 2.9.0 for Linux x86-64 is the CUDA build, which
 # links against nvidia-* libraries even where no GPU is used (about 3 GB of them are installed: those it loads). The
@@ -20,8 +21,10 @@ PYTHON=${PYTHON:-python}
 
 name=install_xla.sh what="torch_xla $TORCH_XLA_VERSION" size="about 3 GB"
 source scripts/side_venv.sh
+mapfile -t core < <(core_test_requirements)
+key=$( (cat scripts/install_xla.sh scripts/side_venv.sh; printf '%s\n' "${core[@]}") | sha256sum | cut -c1-12)
 venv=${EASYFIT_XLA_VENV:-$HOME/.cache/easyfit/xla-venv-$TORCH_XLA_VERSION-$py_version}
-ready="$venv/.easyfit-ready-torch_xla-$TORCH_XLA_VERSION"
+ready="$venv/.easyfit-ready-torch_xla-$TORCH_XLA_VERSION-$key"
 start_side_venv "$@"
 # The packages that require torch come without their requirements, so that pip resolves no other torch and none
 # of the CUDA parts libtorch never loads on a CPU (triton, cusolver, nvrtc, nvtx: 1.2 GB); everything else they
@@ -40,7 +43,7 @@ for package in ("torch", "torch_xla", "torchmetrics"):
             print(requirement)
 PY
 )
-"$py" -m pip install --quiet --no-compile --no-warn-conflicts "${requirements[@]}" "tqdm>=4.60" numpy "pytest>=7" "pytest-timeout>=2"
+"$py" -m pip install --quiet --no-compile --no-warn-conflicts "${requirements[@]}" "${core[@]}"
 # a training step on XLA:CPU proves the environment before it is marked ready
 PJRT_DEVICE=CPU "$py" -c '
 import torch, torch_xla

@@ -6,6 +6,26 @@
 # py<major><minor> of $PYTHON, for the environment's folder name
 py_version=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 
+# core_test_requirements: what the suite's core needs besides torch, one a line: easyfit's requirements and the
+# extras its tests use, read from setup.py (with the script, what an environment is built from, so a change to
+# either builds a new one), and the test runner
+core_test_requirements() {
+    "$PYTHON" - <<'PY'
+import ast
+import pathlib
+
+tree = ast.parse(pathlib.Path("setup.py").read_text())
+extras = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and getattr(node.targets[0], "id", None) == "EXTRAS")
+extras = ast.literal_eval(extras)
+install = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.keyword)
+               and node.arg == "install_requires")
+for requirement in [*install, *extras["export"], *extras["safetensors"], *extras["examples"], "torchmetrics>=1.0",
+                    "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3"]:
+    print(requirement)
+PY
+}
+
 # start_side_venv "$@": with --print-python, print the environment's interpreter and stop; where the environment is
 # ready, say so and stop; else make a new venv and set py (its interpreter) and start (the time the build began)
 start_side_venv() {

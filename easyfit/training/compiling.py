@@ -112,12 +112,15 @@ class CompiledStep:
     """`forward_loss` compiled for the shapes of the first batch it is given, with the dimensions seen to change
     dynamic (easyfit.training.shape_family); a batch that differs in its batch size only (a short last batch) runs
     eagerly, unless the options ask for dynamic shapes. Each call's first batch runs eagerly anyway, with its checks
-    (easyfit.training.first_batch)."""
+    (easyfit.training.first_batch). On a torch release easyfit has not tested, each set of trainable parameters gets
+    a compiled function of its own: torch 2.9 reused a graph traced with a layer frozen, with dynamic sizes, after
+    the layer was unfrozen (the layer then learned nothing)."""
 
     def __init__(self, settings: dict):
         options = compile_arguments({"dynamic": False, **settings}, {})
         self.static = options["dynamic"] is False
         self.cuda_graphs = settings.get("mode") in CUDA_GRAPH_MODES
+        self.per_trainable: dict | None = None if internals_tested() else {}   # {trainable flags: compiled}
         self.compiled = torch.compile(own_cache(forward_loss), **options)
         self.options = options
         self.family: ShapeFamily | None = None
@@ -133,12 +136,21 @@ class CompiledStep:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with self._wrapped_net_compiled(net):
-            output, loss = self.compiled(net, loss_fn, inputs, target)
+            output, loss = self._compiled_for(net)(net, loss_fn, inputs, target)
         if self.cuda_graphs:   # the next replay overwrites the graph's outputs, which the epoch's loss tracker and
             # predict keep past it; the loss's copy still backpropagates
             output = tree_map(lambda value: value.clone() if isinstance(value, torch.Tensor) else value, output)
             loss = None if loss is None else loss.clone()
         return output, loss
+
+    def _compiled_for(self, net) -> Callable:
+        if self.per_trainable is None:
+            return self.compiled
+        trainable = tuple(param.requires_grad for param in net.parameters())
+        if trainable not in self.per_trainable:
+            self.per_trainable[trainable] = (self.compiled if not self.per_trainable else
+                                             torch.compile(own_cache(forward_loss), **self.options))
+        return self.per_trainable[trainable]
 
     @contextlib.contextmanager
     def _wrapped_net_compiled(self, net):

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 #: the torch releases (major.minor) easyfit's use of torch's internals was written and tested against
-TESTED_TORCH = ("2.13", "2.14", "2.15")
+TESTED_TORCH = ("2.14", "2.15")
 
 #: the environment variable that, set to 1, runs compile= as plain torch.compile on any torch
 PLAIN_COMPILE = "EASYFIT_PLAIN_COMPILE"

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from compile_paths import fast_path
 from sklearn.datasets import load_breast_cancer
 from torch import nn
 
@@ -99,6 +100,7 @@ class ChangeTheRun(Callback):
             net.body[2].eval()
 
 
+@fast_path
 def test_changes_between_epochs_reach_the_compiled_program(cancer):
     """Four epochs of 4 batches, one 4-step program call each: the compiled fit sees each change as eagerly. The
     guards that catch a change are torch.compile's, before any backend, so aot_eager keeps the test short (inductor
@@ -116,6 +118,7 @@ class Unfreeze(Callback):
         self.model.net[0].requires_grad_(epoch != 1)
 
 
+@fast_path
 def test_a_layer_frozen_between_epochs_is_not_updated(cancer):
     """A frozen parameter gets no gradient and no update in the whole-step program (it once kept training)."""
     def net():
@@ -137,6 +140,7 @@ class Recurrent(nn.Module):
         return self.head(self.lstm(x.reshape(len(x), 5, 6))[0][:, -1])
 
 
+@fast_path
 def test_a_step_torch_compile_cannot_trace_declines_to_parts_with_a_notice(cancer):
     """An LSTM net under compile=True's defaults, with a per-step schedule: the whole-step program fails to trace
     (it once stopped the fit); the fit says so once and trains in parts, with eager's numbers and schedule."""
@@ -153,6 +157,7 @@ def test_a_step_torch_compile_cannot_trace_declines_to_parts_with_a_notice(cance
     _assert_same(eager, compiled)
 
 
+@fast_path
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_fit_that_declines_the_program_steps_a_compiled_optimizer_as_the_user_made_it(cancer, device):
     """Once the whole-step program is declined, the fit runs as one that never had programs: its optimizer step is
@@ -196,6 +201,7 @@ class Logging(nn.Module):
         return self.layers(x)
 
 
+@fast_path
 def test_logging_in_the_forward_does_not_keep_the_step_from_being_one_program(cancer, caplog):
     """torch.compile stops a graph at a logging call: the whole-step program once declined to parts for a net that
     logs (Hugging Face models do, from their loss). The call runs in the eager first step, the rest is one program."""

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 import torch._dynamo.utils
+from compile_paths import fast_path
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
@@ -54,7 +55,7 @@ def _fit(compile, **options):
     return net, model, history.history
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 3])
+@pytest.mark.parametrize("steps_per_execution", [1, pytest.param(3, marks=fast_path)])
 def test_padded_batches_of_changing_length_compile_once_and_equal_eager(steps_per_execution):
     eager_net, _, eager = _fit(False)
     torch._dynamo.utils.counters.clear()
@@ -71,6 +72,7 @@ def test_padded_batches_of_changing_length_compile_once_and_equal_eager(steps_pe
     assert graphs <= 8, f"{graphs} graphs compiled for 24 batches of 21 lengths"
 
 
+@fast_path
 def test_the_fit_says_what_it_compiled_and_how_long_it_took(capsys):
     _fit({"backend": "aot_eager"}, steps_per_execution=3)   # verbose=0: nothing said
     assert "compile=:" not in capsys.readouterr().out
@@ -99,6 +101,7 @@ def _compiled_equals_eager(loader, epochs: int) -> easyfit.Model:
     return model
 
 
+@fast_path
 def test_a_loader_whose_first_batches_share_a_length_compiles_no_whole_step_program_for_them():
     """The first 6 batches all hold a sequence of the longest length (30) and pad to it; later ones are shorter. A
     whole-step program compiled for the first batches would be thrown away at the first shorter batch: the first
@@ -111,6 +114,7 @@ def test_a_loader_whose_first_batches_share_a_length_compiles_no_whole_step_prog
     assert _programs(model) == 0
 
 
+@fast_path
 def test_a_loader_of_one_shape_trains_in_programs_from_its_second_epoch_as_eagerly():
     x, y = torch.randint(1, 20, (96, 12)), torch.randint(0, 3, (96,))
     model = _compiled_equals_eager(DataLoader(list(zip(x, y)), batch_size=16), epochs=3)

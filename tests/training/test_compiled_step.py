@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compile_paths import fast_path
 from nets import mean_of_batch_maxima
 from torch import nn
 
@@ -13,6 +14,8 @@ import easyfit
 from easyfit.callbacks import Callback, ModelCheckpoint
 from easyfit.callbacks.base import CallbackList
 from easyfit.training.multi_step import AUTO_STEPS, steps_per_call
+
+pytestmark = fast_path   # the whole step as one program
 
 TRACED = {"backend": "aot_eager"}
 

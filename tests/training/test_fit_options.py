@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from compile_paths import fast_path
 
 import easyfit
 
@@ -104,6 +105,7 @@ print("found everywhere")
 """
 
 
+@fast_path
 def test_a_fit_option_declared_once_reaches_fit_the_finders_their_help_the_plan_the_loop_and_the_step_key():
     done = subprocess.run([sys.executable, "-c", FAKE_FIT_OPTION], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

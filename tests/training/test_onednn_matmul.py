@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch._functorch.config
 import torch._inductor.config
+from compile_paths import fast_path
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -113,6 +114,7 @@ def _fit(compile, optimizer):
     return model, history.history, calls
 
 
+@fast_path
 @pytest.mark.parametrize("optimizer", ["sgd", "rmsprop"])   # one program per step; forward+loss and step apart
 def test_a_compiled_fit_through_onednn_equals_the_eager_fit(monkeypatch, optimizer):
     monkeypatch.setattr(onednn_matmul, "onednn_is_faster", lambda *shape: True)

@@ -80,7 +80,7 @@ def test_on_an_untested_torch_compile_trains_with_eagers_numbers_after_one_notic
 
 
 @pytest.mark.parametrize("version, tested", [("2.15.0+cu132", True), ("2.14.1", True), ("2.16.0", False),
-                                             ("2.12.1", False)])
+                                             ("2.13.0+cpu", False)])
 def test_the_release_is_read_without_its_local_suffix(monkeypatch, version, tested):
     monkeypatch.setattr(torch, "__version__", version)
     monkeypatch.delenv(torch_internals.PLAIN_COMPILE, raising=False)
