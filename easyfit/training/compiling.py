@@ -162,9 +162,9 @@ class CompiledStep:
             yield
             return
         if self.net_forward is None or self.net_forward[0] is not inner:
-            options = self.options
-            if options["options"].get("triton.cudagraphs"):   # DDP's gradient hooks run amid the net's backward
-                options = {**options, "options": {**options["options"], "triton.cudagraphs": False}}
+            options, inductor = self.options, self.options.get("options") or {}
+            if inductor.get("triton.cudagraphs"):   # DDP's gradient hooks run amid the net's backward
+                options = {**options, "options": {**inductor, "triton.cudagraphs": False}}
             compiled = torch.compile(own_cache(type(inner).forward), **options)
             self.net_forward = (inner, types.MethodType(compiled, inner))
         inner.forward = self.net_forward[1]
