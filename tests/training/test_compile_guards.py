@@ -217,6 +217,7 @@ def test_logging_in_the_forward_does_not_keep_the_step_from_being_one_program(ca
     _assert_same(eager, compiled)
 
 
+@fast_path   # the fallback compiles each new optimizer's step anew, as plain torch.compile would
 def test_fitting_again_after_compile_reuses_the_programs_and_a_resized_layer_does_not(cancer):
     """Keras' habit: compile() with a new optimizer, then fit again. The second fit compiles nothing and equals a
     fresh eager fit; a layer replaced by one of another size gets programs of its own, with eager's numbers."""
