@@ -276,8 +276,9 @@ def make_batches(x: Any, y: Any, *, batch_size: int, strategy, train: bool, shuf
         loader = DataLoader(shard_iterable(x, strategy, train), batch_size=batch_size, num_workers=num_workers,
                             collate_fn=collate_fn or collate_samples)
         return LoaderBatches(loader, device, source, float_dtype)
-    if isinstance(x, Dataset) or is_map_style(x) or dicts_to_collate(x, collate_fn):   # a torch / HF dataset, samples
-        length = len(x) if dicts_to_collate(x, collate_fn) else _dataset_length(x, "a Dataset")
+    samples = dicts_to_collate(x, collate_fn)
+    if isinstance(x, Dataset) or is_map_style(x) or samples:   # a torch / HF dataset, a list of samples to collate
+        length = len(x) if samples else _dataset_length(x, "a Dataset")
         check_not_empty(length)
         sampler = strategy.train_sampler(length, shuffle, seed) if train else strategy.eval_sampler(length)
         loader = map_style_loader(x, batch_size, sampler, collate_fn, num_workers, device)
