@@ -28,29 +28,60 @@ class Ray:
     Args:
         address: the cluster ("auto", "host:port", "ray://host:10001"); None: RAY_ADDRESS, else a running cluster
             this process joined, else a new local one. Once this process joined a cluster, another's is refused.
-        num_workers: workers; None: devices × num_nodes.
+        num_workers: workers; None: devices × num_nodes; `(min, max)`: an elastic fit, which starts as soon as `min`
+            workers can be placed, takes up to `max`, and continues on every resize from its last checkpoint
+            (docs/ray.md "Elastic").
         use_gpu: one GPU per worker; None: as `accelerator` says ("auto": when the cluster has GPUs).
         resources_per_worker: Ray resources of each worker (default {"CPU": 1}, plus {"GPU": 1} with GPUs).
         storage_path: where Ray keeps the run (and easyfit its fault-tolerance checkpoint); None: ~/ray_results.
         runtime_env: Ray's runtime environment of the workers (pip packages, working_dir, env_vars, ...); local
             files (py_modules, working_dir) only where the call joins the cluster: after your own ray.init(), give
             them to it.
+        resize_check_s: an elastic fit asks the cluster for more workers every this many seconds (Ray's
+            `elastic_resize_monitor_interval_s`); None: Ray's default, 60.
     """
     address: str | None = None
-    num_workers: int | None = None
+    num_workers: int | tuple[int, int] | None = None
     use_gpu: bool | None = None
     resources_per_worker: dict | None = None
     storage_path: str | None = None
     runtime_env: dict | None = field(default=None, hash=False)
+    resize_check_s: float | None = None
 
     def __post_init__(self):
-        if self.num_workers is not None and not (type(self.num_workers) is int and self.num_workers > 0):
-            raise ValueError(f"Ray(num_workers=...) must be a positive integer or None, got {self.num_workers!r}")
+        if self.elastic:
+            _check_elastic(self.num_workers)
+            object.__setattr__(self, "num_workers", tuple(self.num_workers))
+        elif self.num_workers is not None and not _positive_int(self.num_workers):
+            raise ValueError("Ray(num_workers=...) must be a positive integer, a (min, max) pair of them for an "
+                             f"elastic fit, or None; got {self.num_workers!r}")
+        if self.resize_check_s is not None and not (self.elastic and self.resize_check_s >= 0):
+            raise ValueError(f"Ray(resize_check_s={self.resize_check_s!r}) is the seconds between an elastic fit's "
+                             "checks for more workers: give num_workers=(min, max) and a number >= 0, or leave it out")
         if self.use_gpu not in (None, True, False):
             raise TypeError(f"Ray(use_gpu=...) must be True, False or None, got {self.use_gpu!r}")
         for name in ("resources_per_worker", "runtime_env"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise TypeError(f"Ray({name}=...) must be a dict or None, got {type(getattr(self, name)).__name__}")
+
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the fit resizes with the cluster: num_workers=(min, max)."""
+        return isinstance(self.num_workers, (tuple, list))
+
+
+def _positive_int(value) -> bool:
+    return type(value) is int and value > 0
+
+
+def _check_elastic(num_workers) -> None:
+    if len(num_workers) != 2 or not all(map(_positive_int, num_workers)):
+        raise ValueError(f"Ray(num_workers={num_workers!r}): an elastic fit takes (min, max), two positive integers")
+    low, high = num_workers
+    if high < low:
+        raise ValueError(f"Ray(num_workers=({low}, {high})): max {high} < min {low}; give (min, max) with min <= max, "
+                         f"e.g. ({high}, {low})")
 
 
 def ray_options(value: Any) -> Ray | None:

@@ -18,6 +18,14 @@ from easyfit.distributed.fault_tolerance import DEFAULT_FOLDER
 from easyfit.distributed.launcher_choice import RAY_INSTALL, Ray
 from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError, root_cause
+from easyfit.distributed.launchers.ray_elastic import (
+    check_elastic_data,
+    check_elastic_strategy,
+    check_elastic_workers,
+    check_min_fits,
+    elastic_fit_options,
+    elastic_restarts,
+)
 from easyfit.distributed.launchers.ray_worker import CONFIG_KEYS, mailbox, run_worker
 
 #: how long an address may take to answer before the call is refused
@@ -35,34 +43,40 @@ class RayLauncher(Launcher):
     def __init__(self, options: Ray, devices: int, num_nodes: int, accelerator: str, max_restarts: int,
                  worker_plan: Callable):
         self.options, self.accelerator, self.max_restarts = options, str(accelerator).lower(), max_restarts
+        if options.elastic:   # Ray sizes the group; a lost worker group is a resize, within a budget of its own
+            check_elastic_workers(options, devices, num_nodes)
+            self.max_restarts = elastic_restarts(max_restarts)
         self.num_workers = options.num_workers or devices * num_nodes
         # several nodes: the workers spread over the cluster's nodes (Ray's "SPREAD"), else packed on the fewest
         self.placement = "SPREAD" if num_nodes > 1 else "PACK"
         self.worker_plan = worker_plan
 
     def start(self, function: Callable, plan, model=None, **inputs) -> Any:
+        if self.options.elastic:
+            check_elastic_strategy(plan.run.strategy)
+            if plan.kind.trains:
+                inputs = {**inputs, "options": elastic_fit_options(inputs["options"], self.max_restarts)}
         ray = import_ray()
         from ray import cloudpickle
-        from ray.train import FailureConfig, RunConfig, ScalingConfig, WorkerGroupError
+        from ray.train import WorkerGroupError
         from ray.train.torch import TorchTrainer
 
         from easyfit.data.ray_dataset import hand_to_ray
+        inputs, datasets, dataset_config = hand_to_ray(inputs, plan.kind.trains)
+        if self.options.elastic:
+            check_elastic_data(datasets)
         join_cluster(ray, self.options)
         use_gpu = self._use_gpu(ray)
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
-        check_cluster_fits(self.num_workers, resources, ray.cluster_resources())
-        inputs, datasets, dataset_config = hand_to_ray(inputs, plan.kind.trains)
+        self._check_cluster_fits(resources, ray.cluster_resources())
         name = f"easyfit-{plan.kind.name}-{uuid.uuid4().hex[:12]}"
         payload = ray.put((function, plan, model, inputs, self.worker_plan))   # read by every worker
         box = mailbox(ray)
         config = dict(zip(CONFIG_KEYS, (payload, box, name, self._fault_tolerance_folder(name))))
-        trainer = TorchTrainer(
-            run_worker, train_loop_config=config, datasets=datasets, dataset_config=dataset_config,
-            scaling_config=ScalingConfig(num_workers=self.num_workers, use_gpu=use_gpu,
-                                         resources_per_worker=resources, placement_strategy=self.placement),
-            run_config=RunConfig(name=name, storage_path=self.options.storage_path,
-                                 failure_config=FailureConfig(max_failures=self.max_restarts),
-                                 worker_runtime_env=self.options.runtime_env))
+        scaling = self._scaling_config(use_gpu, resources)
+        trainer = TorchTrainer(run_worker, train_loop_config=config, datasets=datasets, dataset_config=dataset_config,
+                               scaling_config=scaling,
+                               run_config=self._run_config(name, scaling.elastic_resize_monitor_interval_s))
         try:
             try:
                 trainer.fit()
@@ -71,6 +85,29 @@ class RayLauncher(Launcher):
             return cloudpickle.loads(ray.get(box.result.remote()))
         finally:
             ray.kill(box)
+
+    def _check_cluster_fits(self, resources: dict, cluster: dict) -> None:
+        if self.options.elastic:
+            check_min_fits(self.options, resources, cluster)
+        else:
+            check_cluster_fits(self.num_workers, resources, cluster)
+
+    def _scaling_config(self, use_gpu: bool, resources: dict):
+        from ray.train import ScalingConfig
+        interval = {} if self.options.resize_check_s is None else {
+            "elastic_resize_monitor_interval_s": self.options.resize_check_s}
+        return ScalingConfig(num_workers=self.num_workers, use_gpu=use_gpu, resources_per_worker=resources,
+                             placement_strategy=self.placement, **interval)
+
+    def _run_config(self, name: str, resize_check_s: float):
+        from ray.train import FailureConfig, RunConfig
+        callbacks = None
+        if self.options.elastic:   # the group sized on the nodes there are now, not on Ray's view of 20 s ago
+            from easyfit.distributed.launchers.ray_cluster_view import FreshClusterView
+            callbacks = [FreshClusterView(resize_check_s)]
+        return RunConfig(name=name, storage_path=self.options.storage_path, callbacks=callbacks,
+                         failure_config=FailureConfig(max_failures=self.max_restarts),
+                         worker_runtime_env=self.options.runtime_env)
 
     def _use_gpu(self, ray) -> bool:
         if self.options.use_gpu is not None:

@@ -46,9 +46,10 @@ def run_worker(config: dict) -> None:
 
 
 def mailbox(ray):
-    """A new mailbox actor for one run, placed without taking a CPU from the workers. Its class is made here, so
-    Ray sends it by value: the actor's process imports neither easyfit nor torch (seconds of a small cluster's CPU
-    while the workers start)."""
+    """A new mailbox actor for one run, placed on the caller's node (which outlives the workers' nodes) without
+    taking a CPU from the workers. Its class is made here, so Ray sends it by value: the actor's process imports
+    neither easyfit nor torch (seconds of a small cluster's CPU while the workers start)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     class Mailbox:
         """Where a run's rank 0 leaves its result, failing workers their tracebacks, and rank 0 counts its
@@ -74,4 +75,5 @@ def mailbox(ray):
         def failures(self) -> dict:
             return dict(self._failures)
 
-    return ray.remote(num_cpus=0)(Mailbox).remote()
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, scheduling_strategy=here)(Mailbox).remote()
