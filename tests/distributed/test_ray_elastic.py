@@ -22,6 +22,7 @@ from torch import nn
 
 import easyfit
 from easyfit.callbacks import Callback
+from easyfit.distributed.launchers.failures import RankFailedError
 from easyfit.launchers import Ray
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,11 +63,14 @@ def data():
 
 
 class Recorder(nn.Module):
-    """Drops the last input column (the sample's index), keeping the indices of the batch it trains last."""
+    """Drops the last input column (the sample's index), keeping the indices of the batch it trains last in the
+    class (a sharding strategy trains a copy of the net)."""
+
+    last: list[int] = []
 
     def forward(self, x):
         if self.training:
-            self.last = [int(index) for index in x[:, -1]]
+            type(self).last = [int(index) for index in x[:, -1]]
         return x[:, :-1]
 
 
@@ -94,7 +98,7 @@ class Resizes(Callback):
             self.resize("shrink")
 
     def on_train_batch_end(self, batch, logs=None):
-        samples = " ".join(map(str, self.model.net[0].last))
+        samples = " ".join(map(str, Recorder.last))
         with open(os.path.join(self.folder, f"steps-{os.getpid()}.txt"), "a") as file:
             file.write(f"{self.world} {self.epoch} {batch} {samples}\n")
 
@@ -223,6 +227,21 @@ def test_a_min_the_cluster_cannot_hold_is_refused_naming_both(cluster):
     with pytest.raises(ValueError, match=r"Ray\(num_workers=\(2, 3\)\) starts once 2 workers × 1 CPU = 2 CPU can be "
                                          r"placed, but the Ray cluster has 1 CPU in all: lower min to 1"):
         model().fit(*make_data(), strategy="ddp", launcher=Ray(num_workers=(2, 3)))
+
+
+class FailsInEpochTwo(Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise ValueError("a bug in epoch 2")
+
+
+def test_an_error_in_an_elastic_fit_reaches_the_caller_once_its_restarts_are_spent(cluster, tmp_path):
+    """A worker that raises is a lost worker group to Ray: the group restarts (max_restarts times) and continues from
+    the checkpoint, and raises again; then the caller gets the worker's own traceback."""
+    with pytest.raises(RankFailedError, match="a bug in epoch 2") as failure:
+        model().fit(*make_data(), batch_size=BATCH, epochs=2, verbose=0, strategy="ddp", max_restarts=1,
+                    callbacks=[FailsInEpochTwo()], launcher=Ray(num_workers=(1, 3), storage_path=str(tmp_path)))
+    assert "on_epoch_begin" in failure.value.details
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -13,7 +13,7 @@ from easyfit.distributed.launcher_choice import Ray
 #: unless `fault_tolerance_every_n_steps` says otherwise: a resize trains again at most these steps
 ELASTIC_EVERY_N_STEPS = 50
 #: the worker groups an elastic fit may lose (a node gone, a worker killed) when `max_restarts` gives no number
-ELASTIC_MAX_RESTARTS = 10
+ELASTIC_MAX_RESTARTS = 5
 #: the strategies whose checkpoint a group of another size loads: the whole net and optimizer state on every worker
 #: (ddp; "auto", which is ddp on several workers and one process on one), or gathered whole and re-sharded (fsdp)
 RESIZABLE = ("auto", "single", "ddp", "fsdp", "fsdp_cpu_offload")
