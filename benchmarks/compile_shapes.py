@@ -95,7 +95,7 @@ def run_easyfit(lengths, epochs) -> dict:
     model = easyfit.Model(tiny_bert(), "cross_entropy", lambda p: torch.optim.AdamW(p, lr=1e-3))
     model.fit(loader(lengths), epochs=epochs, verbose=0, compile=True, callbacks=[clock])
     programs = [key for value in model.compiled_steps.cache.values() if isinstance(value, dict) for key in value]
-    from easyfit.training.compiling import compile_totals
+    from easyfit.utils.torch_internals import compile_totals
     return {"times": clock.times, "programs": len(programs), "graphs": compile_totals()[0]}
 
 

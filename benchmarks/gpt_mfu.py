@@ -107,7 +107,7 @@ def run_hand(args, device: torch.device) -> dict:
 def run_easyfit(args, device: torch.device) -> dict:
     import easyfit
     from easyfit.callbacks import LambdaCallback, ThroughputMonitor
-    from easyfit.training.compiling import compile_totals
+    from easyfit.utils.torch_internals import compile_totals
     profile = EpochProfile(args.profile, args.steps)
     profiling = LambdaCallback(on_epoch_begin=lambda epoch, logs: epoch and profile.__enter__(),
                                on_epoch_end=lambda epoch, logs: epoch and profile.__exit__(None, None, None))

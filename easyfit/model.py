@@ -27,12 +27,12 @@ from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
-from easyfit.training.compiling import CompiledSteps
 from easyfit.training.fit_options import FitOptions, LoopOptions
 from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import EVALUATE, FIT, PREDICT, call_on_rank, fit_callbacks
 from easyfit.training.plan import plan_call
+from easyfit.training.steps import ModelSteps
 from easyfit.tuning import SWEEP_OPTIONS, batch_size_finder
 from easyfit.utils.checks import check_model_arguments
 from easyfit.utils.options import call_arguments, given, takes_options
@@ -76,7 +76,7 @@ class Model(OnBatchCalls):
         self._precision = Precision("32")
         self._lr_multiplier = 1.0
         self._callbacks = CallbackList([self.history], self, {})
-        self.compiled_steps = CompiledSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
+        self.compiled_steps = ModelSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
         self._input_example = None   # two samples of the last call's first batch: what export traces with
 
     def compile(self, optimizer: Any = "adam", loss: Any = "cross_entropy", metrics: Any = None, *,

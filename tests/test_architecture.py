@@ -98,6 +98,7 @@ LAYERS = [
     "easyfit.callbacks",
     "easyfit.saving",
     "easyfit.distributed",
+    "easyfit.compiled",
     "easyfit.training",
     "easyfit.tuning",
     "easyfit",
@@ -184,3 +185,31 @@ def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
     assert modules <= 12 and doubled <= 10 and revisits <= 10
     planned = int(re.search(r"the plan enters (\d+) modules", done.stdout)[1])
     assert planned <= PLAN_MODULES, f"the plan of a ddp fit enters {planned} modules (bound {PLAN_MODULES})"
+
+
+#: the modules outside easyfit.compiled that import it, each inside the function that runs under compile= only
+COMPILED_DOORS = {"easyfit.training.steps", "easyfit.training.plan"}
+
+
+def imports_of_compiled(path: pathlib.Path) -> list[tuple[int, bool]]:
+    """(line, at the module's top level) of each import of easyfit.compiled in the file at `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(name == "easyfit.compiled" or name.startswith("easyfit.compiled.") for name in names):
+            found.append((node.lineno, id(node) in top))
+    return found
+
+
+def test_the_compiled_steps_are_imported_only_by_their_doors_inside_functions():
+    """Above easyfit.compiled, only the call's steps and the plan import it, lazily: a fit without compile= loads
+    none of it (tests/test_import.py runs one in a fresh interpreter)."""
+    outside = {name: found for name, path in MODULES.items()
+               if not name.startswith("easyfit.compiled") and (found := imports_of_compiled(path))}
+    assert set(outside) <= COMPILED_DOORS, f"easyfit.compiled imported beyond its doors: {sorted(outside)}"
+    at_top = [f"{name}:{line}" for name, found in outside.items() for line, top in found if top]
+    assert not at_top, f"easyfit.compiled imported when the module loads: {at_top}"
+    assert imports_of_compiled(PACKAGE / "training" / "steps.py"), "the check no longer sees the steps' door"

@@ -95,3 +95,30 @@ def test_the_launcher_options_import_by_their_public_path_without_ray():
             "assert Ray is easyfit.launchers.Ray and Ray(num_workers=2).num_workers == 2\n"
             "assert not any(name == 'ray' or name.startswith('ray.') for name in sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+PLAIN_AND_COMPILED_FIT = """
+import sys, torch, easyfit
+def compiled_modules():
+    return sorted(name for name in sys.modules
+                  if name.startswith("easyfit.compiled") or name == "easyfit.utils.torch_internals")
+model = easyfit.Model(torch.nn.Linear(4, 3), "cross_entropy", "sgd", metrics=["accuracy"])
+x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+model.fit(x, y, epochs=2, batch_size=4, verbose=0, validation_split=0.25)
+model.evaluate(x, y, verbose=0)
+model.predict(x, verbose=0)
+print("plain", compiled_modules())
+model.fit(x, y, epochs=1, batch_size=4, verbose=0, compile={"backend": "eager"})
+print("compiled", compiled_modules())
+"""
+
+
+def test_a_fit_without_compile_imports_none_of_the_compiled_steps():
+    """A fit, evaluate and predict without `compile=` leave easyfit.compiled (and torch's internals behind their
+    door) unimported, in a fresh interpreter; the same Model's fit with `compile=` then imports them."""
+    done = subprocess.run([sys.executable, "-c", PLAIN_AND_COMPILED_FIT], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("plain", "compiled")))
+    assert lines["plain"] == "[]", lines["plain"]
+    assert "'easyfit.compiled.steps'" in lines["compiled"], lines["compiled"]

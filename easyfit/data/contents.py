@@ -1,7 +1,8 @@
-"""What a batch holds: its inputs and its target, its number of samples, and its tensors on a device."""
+"""What a batch holds: its inputs and its target, its number of samples, and its tensors on a device; the net called
+on its inputs."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,3 +58,18 @@ def batch_length(batch: Any) -> int:
         else:
             return 1
     return batch.shape[0] if batch.dim() else 1
+
+
+def call_net(net: Callable, inputs: Any):
+    """The net's output for a batch's inputs: a tuple as positional arguments, a dict as keyword arguments."""
+    if isinstance(inputs, tuple):
+        return net(*inputs)
+    if isinstance(inputs, dict):
+        return net(**inputs)
+    return net(inputs)
+
+
+def forward_loss(net, loss_fn: Callable | None, inputs, target):
+    """(output, loss) of one batch, run eagerly; no loss without `loss_fn` (predict)."""
+    output = call_net(net, inputs)
+    return output, None if loss_fn is None else loss_fn(output, target)

@@ -5,10 +5,7 @@
 - `loop`: the epoch / step loop, backend-blind (every backend act goes through the Strategy).
 - `first_batch`: the checks of the first real step.
 - `epoch_logs`: the epoch's loss as tensors, and the per-batch logs.
-- `compiling`: compiled steps (`compile=`).
-- `functional_step`: forward, loss, backward and the optimizer update of one or N steps as one traced program.
-- `multi_step`: an epoch's steps run N per compiled call (`steps_per_execution`).
-- `direct_call`: a program called straight through its compiled graph after its first call.
+- `steps`: how a call's steps run: the loop's own step, or compiled steps and a `StepRunner` (easyfit.compiled).
 - `lockstep`: evaluation in step across ranks for a sharded net.
 - `summary`: the layer table of `model.summary`.
 """

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from easyfit.data.batches import TensorBatches, batch_source, peek_first_batch
-from easyfit.data.contents import move_to_device, split_batch
+from easyfit.data.contents import call_net, move_to_device, split_batch
 from easyfit.data.explain import (
     BATCH_NORMS,
     check_batch_of_one,
@@ -36,7 +36,7 @@ from easyfit.data.source import BatchSource
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
 from easyfit.parts.outputs import prediction
 from easyfit.saving.export import recorded_example
-from easyfit.training.loop import _eval_mode, call_net
+from easyfit.training.loop import eval_mode
 from easyfit.utils.tensors import map_tensors
 
 
@@ -192,7 +192,7 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     precision = model.precision
     step = FirstStep(model, val, "the validation data", training=False)
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
-    with torch.random.fork_rng(devices=cuda), torch.no_grad(), _eval_mode(net), precision.autocast():
+    with torch.random.fork_rng(devices=cuda), torch.no_grad(), eval_mode(net), precision.autocast():
         output = step.forward(net, precision.convert_input(inputs))
     if output is None:   # this rank holds no outputs (a pipeline's earlier stage): the last stage checks them
         return

@@ -45,6 +45,11 @@ def _check_initial_epoch(value, name: str) -> None:
     check_non_negative_int(value, name, "a non-negative integer (the epoch to start at, counted from 0)")
 
 
+def _check_steps_per_execution(value, name: str) -> None:
+    if value != "auto":
+        check_positive_int(value, name, 'a positive integer or "auto"')
+
+
 def _check_fault_tolerance(value, name: str) -> None:
     if value not in (None, True, False) and not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be False (off), True / None (on under a launcher that restarts ranks) or the "
@@ -105,7 +110,7 @@ FIT_OPTIONS: list[FitOption] = [
                                                                   "(a checkpoint at each epoch end only)"),
               keyword_only=True),
     FitOption("steps_per_execution", "auto", 'with compile=, training steps per compiled call; "auto" picks '
-              "(docs/api.md; checked with compile=)", keyword_only=True, setting=True),
+              "(docs/api.md)", _check_steps_per_execution, keyword_only=True, setting=True),
 ]
 
 

@@ -11,7 +11,7 @@ import torch
 from easyfit.callbacks.base import CallbackList
 from easyfit.callbacks.logs import Logs
 from easyfit.data.batches import TensorBatches, batch_source, epoch_length, peek_first_batch
-from easyfit.data.contents import batch_length, split_batch
+from easyfit.data.contents import batch_length, call_net, split_batch
 from easyfit.data.predict_inputs import PredictInputs
 from easyfit.parts.item_counts import item_counting
 from easyfit.parts.metrics import MetricSet
@@ -21,6 +21,7 @@ from easyfit.training.epoch_logs import BatchLogs, LossTracker
 from easyfit.training.fit_options import TrainingSettings
 from easyfit.training.item_windows import CountedMean, CountedWindows, ItemSteps
 from easyfit.training.lockstep import in_lockstep
+from easyfit.training.steps import ModelSteps, StepRunner, step_function
 from easyfit.utils.tensors import on_cpu
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
@@ -48,17 +49,9 @@ class TrainingEpoch:
     batch_end: bool
     agree_per_step: bool   # every rank agrees after each step whether to stop
     forward_loss: Callable
-    plain: Callable = None   # step_fn(net, inputs, target) of a batch after the first (see `_runner`)
+    plain: Callable = None   # step_fn(net, inputs, target) of a batch after the first (see `step_function`)
     has_metrics: bool = False
     counted: CountedWindows | None = None   # a loss over counted items: the epoch's windows (item_windows)
-
-
-def call_net(net: Callable, inputs: Any):
-    if isinstance(inputs, tuple):
-        return net(*inputs)
-    if isinstance(inputs, dict):
-        return net(**inputs)
-    return net(inputs)
 
 
 class Loop:
@@ -79,10 +72,11 @@ class Loop:
         self.batches_checked = False
         self.train_batches = None
         self.optimizer_steps = 0
-        self.steps = model.compiled_steps   # each role's forward and loss: compiled (fit(compile=...)) or eager
-        # set when `fit` starts: whole training steps as compiled programs (None: the step's parts are called one by
-        # one), else the optimizer step compiled on its own (None: eager)
-        self.fused = self.compiled_optimizer_step = None
+        self.steps: ModelSteps = model.compiled_steps   # each role's forward and loss: eager, or compiled (compile=)
+        # set when `fit` starts: what runs the epoch's steps from the first it can take on (None: this loop's step),
+        # else the optimizer step compiled on its own (None: the strategy's)
+        self.runner: StepRunner | None = None
+        self.compiled_optimizer_step = None
         self.items: ItemSteps | None = None   # a loss over counted items: its steps (easyfit.training.item_windows)
 
     # --- training -------------------------------------------------------------------
@@ -91,9 +85,9 @@ class Loop:
         callbacks, model = self.callbacks, self.model
         self.train_batches = train_batches
         self.items = self._item_steps(train_batches)
-        self.fused = self.steps.fused(self)
-        if self.fused is None:
-            self.compiled_optimizer_step = self.steps.optimizer_step(self.optimizer, self.precision, self.strategy)
+        self.runner = self.steps.runner(self)
+        if self.runner is None:
+            self.step_in_parts()
         callbacks.call("on_train_begin", None)
         for epoch in range(initial_epoch, epochs):
             train_batches.set_epoch(epoch)
@@ -126,20 +120,21 @@ class Loop:
                                   callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
                                   strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
                                   self.steps.step("train"))
-        epoch_run.plain, epoch_run.has_metrics = _runner(epoch_run.forward_loss, self.loss_fn, None), bool(self.metrics)
+        epoch_run.plain = step_function(epoch_run.forward_loss, self.loss_fn, None)
+        epoch_run.has_metrics = bool(self.metrics)
         remaining, first = model.position.begin(batches, tracker, accumulate, epoch)   # first > 0: mid-epoch resume
         net.train()
         if not first:   # a resumed epoch's metrics hold the state of its batches before the checkpoint
             self.metrics.reset()
-        step, fused = first - 1, self.fused
+        step = first - 1
         with strategy.uneven_inputs(net) if uneven else SYNC:
             feed = iter(strategy.feed(remaining))
             if self.items is not None:
                 epoch_run.counted = self.items.epoch(strategy, accumulate, num_batches, across_ranks=not uneven)
                 feed = epoch_run.counted.batches(feed, first)
             for step, batch in enumerate(feed, first):
-                if fused is not None and batches not in self.first_steps and fused.ready(step):
-                    step = fused.train(itertools.chain([batch], feed), step, epoch_run)
+                if self._runner_takes_over(step, batches):   # the rest of the epoch, run another way
+                    step = self.runner.train(itertools.chain([batch], feed), step, epoch_run)
                     break
                 if self.train_batch(step, batch, epoch_run):
                     break
@@ -150,43 +145,66 @@ class Loop:
         return self._epoch_logs(tracker)
 
     def train_batch(self, step: int, batch, epoch_run: TrainingEpoch) -> bool:
-        """One training step, its parts epoch_run one by one (eagerly, or each compiled); whether to stop."""
-        strategy, optimizer, precision, callbacks = self.strategy, self.optimizer, self.precision, self.callbacks
-        net, accumulate, batches = self.net, epoch_run.accumulate, epoch_run.batches
-        if epoch_run.batch_begin:
-            callbacks.call("on_train_batch_begin", step, None)
+        """The one training step: the batch, its forward and loss and backward (the strategy's `training_step`),
+        then at the end of an accumulation window clipping and the optimizer step (`_optimizer_step`), then the
+        logs and hooks; the forward with the loss and the optimizer step may be compiled parts (compile=). Whether
+        to stop."""
+        strategy, optimizer, precision, net = self.strategy, self.optimizer, self.precision, self.net
+        accumulate = epoch_run.accumulate
+        self.begin_batch(step, epoch_run)
         inputs, target = split_batch(precision.convert_input(batch))
         boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == epoch_run.num_batches
         with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
                 strategy.zero_grad(optimizer)
-            first_step = self.first_steps.get(batches)
-            items = None if epoch_run.counted is None else epoch_run.counted.next_count()
-            if items is not None:   # a counted batch: its items' losses summed, over the step's D
-                step_fn, divisor = self.items.runner(epoch_run.forward_loss, first_step, True, items[0]), 1
-            else:
-                step_fn = epoch_run.plain if first_step is None else \
-                    _runner(epoch_run.forward_loss, self.loss_fn, first_step)
-                divisor = epoch_run.divisor
+            step_fn, divisor, items = self._forward_and_loss(epoch_run)
             output, target, loss = strategy.training_step(net, inputs, target, step_fn, precision, divisor)
-            if first_step is not None:   # the checks of the first batch ran in its real step
-                del self.first_steps[batches]
+            self.first_steps.pop(epoch_run.batches, None)   # a first batch's checks ran in its real step
         if boundary:
             self._optimizer_step()
         elif epoch_run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
             strategy.optimizer_step(optimizer, precision)
-        self.model.position.batches_done = step + 1
         loss = loss.detach()
+        size = self.track(epoch_run, loss, inputs, target, output, items)
+        return self.end_batch(step, epoch_run, loss if items is None else CountedMean(loss, *items), size)
+
+    def _forward_and_loss(self, epoch_run: TrainingEpoch) -> tuple[Callable, int, tuple | None]:
+        """The step_fn of the next batch for `Strategy.training_step`, the divisor of its loss, and for a loss over
+        counted items the batch's (items, scale): its items' losses summed, over the step's D (item_windows)."""
+        first_step = self.first_steps.get(epoch_run.batches)
+        items = None if epoch_run.counted is None else epoch_run.counted.next_count()
+        if items is not None:
+            return self.items.runner(epoch_run.forward_loss, first_step, True, items[0]), 1, items
+        if first_step is None:
+            return epoch_run.plain, epoch_run.divisor, None
+        return step_function(epoch_run.forward_loss, self.loss_fn, first_step), epoch_run.divisor, None
+
+    def _runner_takes_over(self, step: int, batches) -> bool:
+        """Whether the fit's step runner runs the epoch from batch `step` on: it has one, the first batch's checks
+        ran, and the runner is ready."""
+        return self.runner is not None and batches not in self.first_steps and self.runner.ready(step)
+
+    def begin_batch(self, step: int, epoch_run: TrainingEpoch) -> None:
+        if epoch_run.batch_begin:
+            self.callbacks.call("on_train_batch_begin", step, None)
+
+    def track(self, epoch_run: TrainingEpoch, loss, inputs, target, output, items: tuple | None = None) -> int:
+        """A trained batch in the epoch's logs: its loss (a counted batch's over its `items`) and the metrics on its
+        output (None: this rank holds none, see training_step); the batch's size."""
         size = batch_length(target if target is not None else inputs)
         if items is None:
             epoch_run.tracker.add(loss, size)
         else:
             epoch_run.tracker.add_counted(loss, items[1], items[0])
-            loss = CountedMean(loss, *items)
-        if epoch_run.has_metrics and output is not None:   # None: this rank holds no outputs (see training_step)
+        if epoch_run.has_metrics and output is not None:
             self.metrics.update(output, target)
+        return size
+
+    def end_batch(self, step: int, epoch_run: TrainingEpoch, loss, size: int) -> bool:
+        """Batch `step` trained: the epoch's position and the batch-end hook; whether to stop."""
+        self.model.position.batches_done = step + 1
         if epoch_run.batch_end:
-            callbacks.call("on_train_batch_end", step, BatchLogs(epoch_run.tracker, loss, size))
+            self.callbacks.call("on_train_batch_end", step, BatchLogs(epoch_run.tracker, loss, size))
         return self._agreed_to_stop() if epoch_run.agree_per_step else self.model.stop_training
 
     def _item_steps(self, batches) -> ItemSteps | None:
@@ -241,6 +259,11 @@ class Loop:
         logs.update(metrics.compute(strategy.metric_sync_fn() if sync else None))
         return logs
 
+    def step_in_parts(self) -> None:
+        """The steps from now on run part by part in `train_batch`: the optimizer step compiled on its own where
+        compile= compiles it, else the strategy's."""
+        self.compiled_optimizer_step = self.steps.optimizer_step(self.optimizer, self.precision, self.strategy)
+
     def _optimizer_step(self) -> None:
         settings, optimizer, strategy = self.settings, self.optimizer, self.strategy
         self.before_step()
@@ -285,11 +308,11 @@ class Loop:
         batch_begin, batch_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
         metrics.reset()
         tracker = self._loss_tracker()
-        first_step, plain = self.first_steps.get(batches), _runner(forward_loss, self.loss_fn, None)
+        first_step, plain = self.first_steps.get(batches), step_function(forward_loss, self.loss_fn, None)
         items = self.items or self._item_steps(batches)
         callbacks.call("on_test_begin", None)   # before the module is made: a callback may swap the weights (EMA)
         net = self.strategy.module_for_eval(self.net)
-        with _eval_mode(net):
+        with eval_mode(net):
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
                 if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
                     with precision.autocast():
@@ -302,7 +325,7 @@ class Loop:
                 if count is not None:   # a counted batch: its items' losses summed
                     step_fn = items.runner(forward_loss, first_step, False, count)
                 else:
-                    step_fn = plain if first_step is None else _runner(forward_loss, self.loss_fn, first_step)
+                    step_fn = plain if first_step is None else step_function(forward_loss, self.loss_fn, first_step)
                 output, target, loss = self.strategy.evaluation_step(net, inputs, target, step_fn, precision)
                 if first_step is not None:   # the checks of the first batch ran in its real step
                     first_step = None
@@ -334,12 +357,12 @@ class Loop:
         callbacks.call("on_predict_begin", None)   # before the module is made, as on_test_begin
         net = self.strategy.module_for_eval(self.net)
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
-        first_step, plain = self.first_steps.get(batches), _runner(forward, None, None)
-        with _eval_mode(net):
+        first_step, plain = self.first_steps.get(batches), step_function(forward, None, None)
+        with eval_mode(net):
             for step, batch in enumerate(self.strategy.feed(batches)):
                 callbacks.call("on_predict_batch_begin", step, None)
                 inputs = to_inputs(precision.convert_input(batch))
-                step_fn = plain if first_step is None else _runner(forward, None, first_step)
+                step_fn = plain if first_step is None else step_function(forward, None, first_step)
                 output = self.strategy.evaluation_step(net, inputs, None, step_fn, precision)[0]
                 if first_step is not None:
                     first_step = None
@@ -360,23 +383,8 @@ def _known_target(batches):
     return data.tensors[-2 if data.weighted else -1]
 
 
-def _runner(forward_loss: Callable, loss_fn, first_step) -> Callable:
-    """step_fn(net, inputs, target) -> (output, target, loss): a batch's forward and loss through `forward_loss` (no
-    loss without `loss_fn`), the first batch's through its `FirstStep` (the checks, and the target as the loss
-    takes it). The strategy's training_step / evaluation_step calls it."""
-    if first_step is not None:
-        if loss_fn is None:
-            return lambda net, inputs, target: (first_step.forward(net, inputs), target, None)
-        return lambda net, inputs, target: first_step.forward_and_loss(net, inputs, target, loss_fn)
-
-    def step_fn(net, inputs, target):
-        output, loss = forward_loss(net, loss_fn, inputs, target)
-        return output, target, loss
-    return step_fn
-
-
 @contextlib.contextmanager
-def _eval_mode(net: torch.nn.Module):
+def eval_mode(net: torch.nn.Module):
     """The net in eval mode inside the block; its previous mode back after it, even when the block raised."""
     was_training = net.training
     net.eval()

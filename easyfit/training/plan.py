@@ -18,7 +18,6 @@ from easyfit.distributed.strategy_parts.construction import check_built_sharded
 from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import parse_precision
 from easyfit.training.call_kind import CallKind
-from easyfit.training.compiling import check_compile
 from easyfit.training.fit_options import FitOptions, LoopOptions
 
 
@@ -34,6 +33,19 @@ def check_fit_call(model, options: FitOptions) -> FitOptions:
 def check_loop_call(model, options: LoopOptions) -> LoopOptions:
     """evaluate's and predict's options in range, the callbacks as a list."""
     return options.checked()
+
+
+def compile_settings(value: Any, strategy, options: FitOptions, model, precision: str) -> dict | None:
+    """`compile` as torch.compile's settings, checked against the call (easyfit.compiled.settings, imported only when
+    compile= asks for it); None: eager, where more than one step per call is refused."""
+    if value is None or value is False:
+        steps = options.steps_per_execution
+        if steps not in ("auto", 1):
+            raise ValueError(f"steps_per_execution={steps} runs {steps} steps as one compiled program, which needs "
+                             "compile=True (or a torch.compile mode); pass compile=True, or steps_per_execution=1")
+        return None
+    from easyfit.compiled.settings import check_compile
+    return check_compile(value, strategy, options, model, precision)
 
 
 def check_validation_and_weights(options: FitOptions, loss_fn) -> None:
@@ -92,7 +104,7 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
         raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
                          f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
                          "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")
-    compiling = check_compile(run.compile, strategy, options if kind.trains else None, model, precision)
+    compiling = compile_settings(run.compile, strategy, options if kind.trains else FitOptions(), model, precision)
     if on_ray is not None:
         from easyfit.distributed.launchers.ray_train import RayLauncher
         launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from easyfit.data.arrays import as_tensor
-from easyfit.data.contents import move_to_device
-from easyfit.training.loop import call_net
+from easyfit.data.contents import call_net, move_to_device
 
 HEADERS = ("Layer (module path)", "Type", "Output shape", "Param #")
 

@@ -26,7 +26,7 @@ HOST_TENSORS = {
     ("data/samplers.py", "index_tensor"): "sample indices select rows on the host",
     ("data/samplers.py", "sampler_indices"): "sample indices select rows on the host",
     ("training/summary.py", "_output_shapes"): "a placeholder that only names the device of a net with no parameters",
-    ("training/onednn_matmul.py", "_times_faster"): "CPU matrix products timed on the CPU: the choice is a CPU one",
+    ("compiled/onednn_matmul.py", "_times_faster"): "CPU matrix products timed on the CPU: the choice is a CPU one",
     ("training/epoch_logs.py", "totals"): "the epoch's loss sum before the first batch (a float), moved to be reduced",
     ("saving/export.py", "cut"): "the example an export traces on the CPU, where the plain net is exported",
     ("data/map_style.py", "_numbers_as_tensors"): "a sample's lists of numbers, collated on the host like any sample",

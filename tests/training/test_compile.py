@@ -11,8 +11,9 @@ from torch._dynamo.utils import counters
 
 import easyfit
 from easyfit.callbacks import Callback
-from easyfit.training import compiling, functional_step
-from easyfit.training.compiling import LearningRatesInTensors, compile_settings
+from easyfit.compiled import functional_step, settings
+from easyfit.compiled.settings import compile_settings
+from easyfit.compiled.steps import LearningRatesInTensors
 from easyfit.utils.torch_internals import mode_names
 
 
@@ -165,7 +166,7 @@ def test_the_hand_off_from_parts_to_programs_under_cuda_graphs_keeps_eager_s_num
     with them dropped, and each compiled forward's outputs are copied (predict keeps them).
     A GPU alone shows the overwritten pool; here the same code runs with a mode taken for a CUDA-graph one, and
     must give eager's numbers."""
-    monkeypatch.setattr(compiling, "CUDA_GRAPH_MODES", ("default",))
+    monkeypatch.setattr(settings, "CUDA_GRAPH_MODES", ("default",))
     hand_offs = []
     leave = functional_step.leave_graph_pool
     monkeypatch.setattr(functional_step, "leave_graph_pool", lambda *args: hand_offs.append(leave(*args)))

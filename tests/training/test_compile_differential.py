@@ -17,6 +17,18 @@ configurations are drawn (200 here, in families of EASYFIT_COMPILE_MEMBERS, 8; 2
 scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw. On compile='s fallback (plain torch.compile: an untested
 torch, or EASYFIT_PLAIN_COMPILE=1) the same fits run as compiled parts, and an explicit steps_per_execution > 1 is
 refused by the plan.
+
+What the whole-step programs (the fit's step runner, easyfit.compiled.multi_step) share with the loop's step they
+call from it: the batch hooks, the logs and the metrics (`Loop.begin_batch`, `track`, `end_batch`), the learning rate
+of each step with the fit's scale and warmup and a per-step schedule (`before_step` / `after_step`), and the loop's
+step itself for each batch they do not run (a changed shape, a declined program). A loss over counted items declines
+the programs (its item count divides each step), so the loop's step runs it. Two pieces are written again inside
+the program, and this test is what holds them equal to the loop's: the clipping (`functional_step.clip_`, the norm
+`torch.nn.utils.clip_grad_norm_` computes, against `Strategy.clip_gradients`) and the update (torch.optim's
+functional SGD / Adam / AdamW, against `optimizer.step()`). They cannot be the loop's calls: the program is one graph
+traced over the parameters as values (`torch.func.grad_and_value`), where the gradients exist only inside the
+program, so the eager calls on the net's `.grad` and the optimizer object are not in it; the programs run only where
+the strategy's step, clipping and optimizer step are the base contract's (`functional_step.unfusable_reason`).
 """
 from __future__ import annotations
 

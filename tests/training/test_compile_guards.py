@@ -205,7 +205,7 @@ class Logging(nn.Module):
 def test_logging_in_the_forward_does_not_keep_the_step_from_being_one_program(cancer, caplog):
     """torch.compile stops a graph at a logging call: the whole-step program once declined to parts for a net that
     logs (Hugging Face models do, from their loss). The call runs in the eager first step, the rest is one program."""
-    from easyfit.training.compiling import compile_totals
+    from easyfit.utils.torch_internals import compile_totals
     data = (cancer[0][:160], cancer[1][:160])
     eager = _fit(Logging, data, False, 2)
     graphs = compile_totals()[0]
@@ -221,7 +221,7 @@ def test_logging_in_the_forward_does_not_keep_the_step_from_being_one_program(ca
 def test_fitting_again_after_compile_reuses_the_programs_and_a_resized_layer_does_not(cancer):
     """Keras' habit: compile() with a new optimizer, then fit again. The second fit compiles nothing and equals a
     fresh eager fit; a layer replaced by one of another size gets programs of its own, with eager's numbers."""
-    from easyfit.training.compiling import compile_totals
+    from easyfit.utils.torch_internals import compile_totals
     data = (cancer[0][:128], cancer[1][:128])
 
     def net():

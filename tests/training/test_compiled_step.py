@@ -13,7 +13,7 @@ from torch import nn
 import easyfit
 from easyfit.callbacks import Callback, ModelCheckpoint
 from easyfit.callbacks.base import CallbackList
-from easyfit.training.multi_step import AUTO_STEPS, steps_per_call
+from easyfit.compiled.multi_step import AUTO_STEPS, steps_per_call
 
 pytestmark = fast_path   # the whole step as one program
 

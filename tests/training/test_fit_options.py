@@ -47,7 +47,8 @@ def test_positional_options_bind_in_order_and_a_second_value_is_refused():
 FAKE_FIT_OPTION = """
 import importlib, inspect, warnings
 import torch
-from easyfit.training import compiling, fit_options
+from easyfit.compiled import steps as compiling
+from easyfit.training import fit_options
 
 def check(value, name):
     if value < 0:

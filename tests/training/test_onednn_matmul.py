@@ -1,4 +1,4 @@
-"""A compiled CPU program's float32 matrix products through oneDNN (easyfit.training.onednn_matmul): the same
+"""A compiled CPU program's float32 matrix products through oneDNN (easyfit.compiled.onednn_matmul): the same
 numbers as torch's `mm` and as an eager fit, the op swapped in only where it should be.
 
 Which library is faster depends on the CPU, so the fits force the choice: `onednn_is_faster` answering True (or
@@ -14,7 +14,7 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import easyfit
-from easyfit.training import onednn_matmul
+from easyfit.compiled import onednn_matmul
 
 pytestmark = pytest.mark.skipif(not onednn_matmul.available(), reason="this torch build has no oneDNN CPU kernels")
 

@@ -68,9 +68,10 @@ def test_a_precision_the_backend_cannot_train_in_is_refused_by_the_plan(strategy
 
 
 def test_compile_is_read_once_a_call_by_the_plan(monkeypatch):
-    from easyfit.training import compiling
+    from easyfit.compiled import settings
     calls = []
-    parse = compiling.compile_settings
-    monkeypatch.setattr(compiling, "compile_settings", lambda value: calls.append(value) or parse(value))
-    easyfit.Model(nn.Linear(4, 3), "cross_entropy", "sgd").fit(X, Y, batch_size=4, verbose=0, compile=False)
-    assert calls == [False]
+    parse = settings.compile_settings
+    monkeypatch.setattr(settings, "compile_settings", lambda value: calls.append(value) or parse(value))
+    easyfit.Model(nn.Linear(4, 3), "cross_entropy", "sgd").fit(X, Y, batch_size=4, verbose=0,
+                                                               compile={"backend": "eager"})
+    assert calls == [{"backend": "eager"}]

@@ -1,6 +1,6 @@
 """fit(compile=..., steps_per_execution=N): an epoch's training steps as compiled programs of N steps each.
 
-Each call runs N optimizer steps (forward, loss, backward, clipping, update: easyfit.training.functional_step) over
+Each call runs N optimizer steps (forward, loss, backward, clipping, update: easyfit.compiled.functional_step) over
 N batches taken from the epoch's batches, as Keras' `steps_per_execution` does. The learning rate of each step
 (warmup, a per-step schedule) is worked out before the call, the losses are tracked and the metrics updated batch by
 batch after it, and the batch hooks see every N-th batch:
@@ -9,45 +9,31 @@ the History see what an eager fit shows.
 
 Batches of other shapes than the first run eagerly: an epoch's short last batch, so the batch dimension stays
 static; and once batches change size mid-epoch (sequences padded per batch), the fit's steps go to the separately
-compiled parts, which compile the changing dimensions as dynamic (easyfit.training.shape_family), said once. A run
+compiled parts, which compile the changing dimensions as dynamic (easyfit.compiled.shape_family), said once. A run
 of fewer than N batches before an eager one (or at the end of the epoch) runs through the one-step program.
 """
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import Callable
 
 import torch
 
+from easyfit.compiled import functional_step as fs
+from easyfit.compiled.direct_call import DirectProgram
+from easyfit.compiled.settings import compile_arguments, replays_cuda_graphs, steps_need_one_program, whole_step_refusal
+from easyfit.compiled.shape_family import ShapeFamily
 from easyfit.data.batches import TensorBatches, batch_source
-from easyfit.data.contents import batch_length, split_batch
+from easyfit.data.contents import split_batch
 from easyfit.data.weights import WeightedLoss
-from easyfit.training import functional_step as fs
-from easyfit.training.epoch_logs import BatchLogs
-from easyfit.training.shape_family import ShapeFamily
-from easyfit.utils.checks import check_positive_int
-from easyfit.utils.torch_internals import is_dynamo_error
+from easyfit.utils.torch_internals import is_dynamo_error, mode_options
 
 #: steps per call of "auto" for a small step (see `steps_per_call`)
 AUTO_STEPS = 8
 #: "auto" runs several steps per call when parameters × batch size is below this: the step is then dominated by
 #: the cost of calls, not arithmetic (the 32-64-10 MLP at batch 64: 1.7e5; the 784-1024-1024-10 one at 128: 2.4e8)
 SMALL_STEP = 1 << 24
-
-
-def check_steps_per_execution(value, compiling: bool, callbacks=()) -> None:
-    """A positive integer or "auto"; more than one step per call needs `compile=` and no callback that must see
-    every optimizer step."""
-    if value == "auto":
-        return
-    check_positive_int(value, "steps_per_execution", 'a positive integer or "auto"')
-    if value > 1 and not compiling:
-        raise ValueError(f"steps_per_execution={value} runs {value} steps as one compiled program, which needs "
-                         "compile=True (or a torch.compile mode); pass compile=True, or steps_per_execution=1")
-    every_step = [type(callback).__name__ for callback in callbacks if callback.needs_every_step]
-    if value > 1 and every_step:
-        raise ValueError(f"{', '.join(every_step)} must see every optimizer step, but steps_per_execution={value} "
-                         f"shows the batch hooks every {value}-th step only; pass steps_per_execution=1 or \"auto\"")
 
 
 def steps_per_call(value, callbacks, net: torch.nn.Module, batch_size: int, accumulate: int) -> int:
@@ -71,12 +57,56 @@ def fixed_shapes(batches) -> bool:
     return isinstance(batch_source(batches), TensorBatches)
 
 
+def whole_step_runner(loop, settings: dict, cached: Callable, declined: set) -> FusedTraining | None:
+    """The runner of whole-step programs for a fit's Loop under torch.compile's `settings`, its programs kept by
+    `cached(key, build)`; None, said once per reason (`declined`): the loop's step runs the compiled parts, which an
+    explicit steps_per_execution > 1 refuses."""
+    value = loop.settings.steps_per_execution
+    reason = whole_step_refusal(loop.net, loop.optimizer, loop.precision.scaler is not None, loop.strategy)
+    if reason is None and loop.items is not None:   # the one reason that depends on the data (its targets)
+        reason = "the loss averages over counted items (tokens), whose number divides each step"
+    if reason is not None:
+        if value not in ("auto", 1):
+            raise steps_need_one_program(value, reason)
+        if reason not in declined:
+            declined.add(reason)
+            warnings.warn(f"compile=: {reason}; the forward with the loss and the optimizer step are compiled "
+                          "as separate calls, not as one program", stacklevel=4)
+        return None
+    loss = getattr(loop.loss_fn, "loss_fn", loop.loss_fn)   # a fit with weights wraps the Model's loss anew
+    # the programs depend on the optimizer's class, the order of its parameters and their shapes, not on the
+    # object: a new optimizer of the same kind over the same net (compile() before fitting again) reuses them
+    names = fs.ParameterNames(loop.net, loop.optimizer)
+    programs = cached(("programs", id(loop.net), type(loop.optimizer), tuple(names.names),
+                       fs.shapes_of(names.params, names.buffers), id(loss), repr(settings),
+                       loop.settings.step_key()), dict)
+    extra = {}
+    if loop.strategy.root_device.type == "cpu" and small_step(loop.net, loop.settings.batch_size) and \
+            not mode_options(settings.get("mode")).get("fallback_by_default"):
+        # the kernels called from C++, not from Python: less per call, but slower matrix products, so only where
+        # calls cost more than arithmetic (the figures: docs/performance.md, "The whole step as one program");
+        # not where a mode leaves most operations to torch's eager kernels ("lite"), which the C++ wrapper's
+        # calls into them fail on (torch 2.15: pow with a number first)
+        extra["cpp_wrapper"] = True
+    arguments = compile_arguments({**settings, "fullgraph": True, "dynamic": False}, extra)
+
+    def build(key, kind, names):
+        return DirectProgram(fs.own_cache(fs.make_program(key, kind, names.names, names.buffer_names)), arguments,
+                             len(key.steps) if key.outputs else 0)
+    steps = steps_per_call(value, loop.callbacks, loop.net, loop.settings.batch_size,
+                           loop.settings.gradient_accumulation_steps)
+    runner = FusedTraining(loop, steps, build, programs, names)
+    runner.cuda_graphs = replays_cuda_graphs(settings)
+    return runner
+
+
 class NotTraced(Exception):
     """torch.compile could not trace or compile a whole-step program (nothing of it ran)."""
 
 
 class FusedTraining:
-    """Trains the rest of an epoch with programs of `steps` steps; built by CompiledSteps, which keeps `programs`."""
+    """The fit's `StepRunner` (easyfit.training.steps): trains the rest of an epoch with programs of `steps` steps;
+    built by `whole_step_runner`, its `programs` kept by the Model's compiled steps."""
 
     def __init__(self, loop, steps: int, build, programs: dict, names: fs.ParameterNames):
         self.loop, self.steps, self.build, self.programs, self.names = loop, steps, build, programs, names
@@ -105,7 +135,7 @@ class FusedTraining:
             return True
         self._decline()
         warnings.warn("compile=: a parameter got no gradient in the first step, so the optimizer skips it and the "
-                      "whole step cannot be one program; its parts are compiled one by one instead", stacklevel=2)
+                      "whole step cannot be one program; its parts are compiled one by one instead", stacklevel=3)
         return False
 
     def train(self, batches, step: int, epoch_run) -> int:
@@ -160,7 +190,7 @@ class FusedTraining:
         (not capturable unless it was) and its step compiled on its own."""
         loop, self.declined = self.loop, True
         fs.uncapturable(loop.optimizer, self.capturable_before)
-        loop.compiled_optimizer_step = loop.steps.optimizer_step(loop.optimizer, loop.precision, loop.strategy)
+        loop.step_in_parts()
 
     def _flush(self, pending: list, raw: list, epoch_run) -> bool:
         """The batches of a run shorter than N, one per call (in parts once the fit declined: the program it could
@@ -198,10 +228,8 @@ class FusedTraining:
 
     def _call(self, items: list, epoch_run) -> bool:
         """One program over `items`; whether a callback asked to stop."""
-        loop, callbacks = self.loop, self.loop.callbacks
-        first, last = items[0][0], items[-1][0]
-        if epoch_run.batch_begin:
-            callbacks.call("on_train_batch_begin", first, None)
+        loop = self.loop
+        loop.begin_batch(items[0][0], epoch_run)
         accumulate, num_batches = epoch_run.accumulate, epoch_run.num_batches
         pattern = tuple(((s % accumulate == 0), (s + 1) % accumulate == 0 or s + 1 == num_batches)
                         for s, _, _, _ in items)
@@ -223,16 +251,10 @@ class FusedTraining:
         if self.cuda_graphs:   # the next replay overwrites the graph's outputs: the tracker keeps the losses
             losses = losses.clone()
         loop.optimizer._opt_called = True   # what an LR scheduler's wrapper of `step` records (it was bypassed)
-        loop.model.position.batches_done = last + 1
         size = 0
-        for (_, inputs, target, _), loss in zip(items, losses.unbind()):
-            size = batch_length(target if target is not None else inputs)
-            epoch_run.tracker.add(loss, size)
-        for (_, _, target, _), output in zip(items, outputs):
-            loop.metrics.update(output, target)
-        if epoch_run.batch_end:
-            callbacks.call("on_train_batch_end", last, BatchLogs(epoch_run.tracker, losses[-1], size))
-        return loop.model.stop_training
+        for (_, inputs, target, _), loss, output in zip(items, losses.unbind(), outputs or [None] * len(items)):
+            size = loop.track(epoch_run, loss, inputs, target, output)
+        return loop.end_batch(items[-1][0], epoch_run, losses[-1], size)
 
     def _schedule_position(self) -> tuple:
         """What `_rates` advances (the optimizer step count, the learning rates, a per-step schedule's state)."""

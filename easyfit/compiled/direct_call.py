@@ -47,7 +47,7 @@ class DirectProgram:
                                       options={"guard_filter_fn": guards_to_keep(function)})
 
     def _capture(self, graph_module: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from easyfit.training.eager_random import eager_dropout_masks  # loads inductor's modules: when compiling
+        from easyfit.compiled.eager_random import eager_dropout_masks  # loads inductor's modules: when compiling
         eager_dropout_masks(graph_module)   # traced through torch.func, a Dropout would draw another mask
         compiled = self.backend(graph_module, example_inputs)
         nodes = list(graph_module.graph.nodes)

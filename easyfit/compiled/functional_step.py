@@ -8,7 +8,7 @@ fixed input buffers mutated in place, which is what a CUDA graph ("reduce-overhe
 
 Which program a call needs (the steps' accumulation pattern, the batch shapes, the optimizer's settings) is this
 module's `ProgramKey`, looked up once per call; within a program, torch.compile's guards (checked by
-easyfit.training.direct_call) catch what a callback changed between calls, and each program has a code object of its
+easyfit.compiled.direct_call) catch what a callback changed between calls, and each program has a code object of its
 own (see `own_cache`), so its recompilations count against its own limit.
 """
 from __future__ import annotations
