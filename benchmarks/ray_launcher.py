@@ -1,14 +1,16 @@
 """launcher="ray" against Ray used bare: a hand-written TorchTrainer whose train_loop_per_worker is the plain PyTorch
-loop (DDP over the process group Ray made), on the same data and the same 2 workers of one local Ray cluster; and
-easyfit's ddp_spawn on the same machine, for scale.
+loop (DDP over the process group Ray made), on the same data and the same 2 workers of one local Ray cluster; an
+elastic fit (Ray(num_workers=(1, 2)), which takes the cluster's 2 workers) against the fixed-size one; and easyfit's
+ddp_spawn on the same machine, for scale.
 
     python benchmarks/ray_launcher.py [--steps N] [--repeats R]
 
 All train the MLP 784-512-512-10 with SGD, batch 128 per worker, one torch thread per worker, for the same steps.
 first step: seconds from the call (trainer.fit() / model.fit()) to rank 0 beginning its first step (the cluster is
 started before, once). step: rank 0's median seconds per step after the first 5. Runs alternate (bare, easyfit,
-spawn, bare, ...) so that a change in machine load hits all alike; medians over the repeats are printed, with the
-ratios easyfit / bare. Bars: first step within 1.2 × the bare trainer's, step time within 1.05 ×.
+elastic, spawn, bare, ...) so that a change in machine load hits all alike; medians over the repeats are printed,
+with the ratios easyfit / bare and elastic / easyfit. Bars: first step within 1.2 × the bare trainer's, step time
+within 1.05 ×; the elastic fit's first step and step time within 1.1 × the fixed-size fit's.
 """
 from __future__ import annotations
 
@@ -99,9 +101,11 @@ def run(side: str, data, steps: int, folder: str) -> dict:
                      run_config=RunConfig(storage_path=folder)).fit()
         return timings(called, out)
     model = easyfit.Model(make_net(), loss="cross_entropy", optimizer="sgd", lr=0.01)
-    launcher = {"easyfit": easyfit.launchers.Ray(storage_path=folder), "spawn": "auto"}[side]
-    model.fit(*data, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, lr_scaling=None, devices=2,
-              strategy="ddp" if side == "easyfit" else "ddp_spawn", launcher=launcher, callbacks=[StepStamps(out)])
+    launcher = {"easyfit": easyfit.launchers.Ray(num_workers=2, storage_path=folder), "spawn": "auto",
+                "elastic": easyfit.launchers.Ray(num_workers=(1, 2), storage_path=folder)}[side]
+    model.fit(*data, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, lr_scaling=None,
+              devices=2 if side == "spawn" else 1, strategy="ddp_spawn" if side == "spawn" else "ddp",
+              launcher=launcher, callbacks=[StepStamps(out)])
     return timings(called, out)
 
 
@@ -115,7 +119,7 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"ray.init: {time.time() - started:.1f} s")
     data = make_data(args.steps)
-    results: dict[str, list[dict]] = {"bare": [], "easyfit": [], "spawn": []}
+    results: dict[str, list[dict]] = {"bare": [], "easyfit": [], "elastic": [], "spawn": []}
     with tempfile.TemporaryDirectory(prefix="easyfit-bench-ray-") as folder:
         for repeat in range(args.repeats):
             for side in results:
@@ -129,6 +133,9 @@ def main() -> None:
     first = medians["easyfit"]["first_step"] / medians["bare"]["first_step"]
     step = medians["easyfit"]["step"] / medians["bare"]["step"]
     print(f"easyfit / bare: first step {first:.3f} (bar <= 1.2), step {step:.3f} (bar <= 1.05)")
+    first = medians["elastic"]["first_step"] / medians["easyfit"]["first_step"]
+    step = medians["elastic"]["step"] / medians["easyfit"]["step"]
+    print(f"elastic / easyfit: first step {first:.3f} (bar <= 1.1), step {step:.3f} (bar <= 1.1)")
 
 
 if __name__ == "__main__":

@@ -229,6 +229,41 @@ def test_a_min_the_cluster_cannot_hold_is_refused_naming_both(cluster):
         model().fit(*make_data(), strategy="ddp", launcher=Ray(num_workers=(2, 3)))
 
 
+def test_a_ray_dataset_to_train_on_is_refused_for_an_elastic_fit(cluster):
+    import ray
+    rows = ray.data.from_items([{"x": [0.0, 1.0, 2.0, 3.0], "y": [1.0]}] * 8)
+    with pytest.raises(ValueError, match="which a ray.data.Dataset streamed by Ray Data does not have"):
+        model().fit(rows, strategy="ddp", launcher=Ray(num_workers=(1, 3)))
+
+
+def test_a_node_added_or_removed_is_seen_as_soon_as_the_run_sizes_a_group(cluster):
+    """Ray's autoscaling coordinator, which sizes an elastic run's groups, looks at the nodes every 20 s; the run's
+    FreshClusterView has it look again when a group is sized."""
+    import ray
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    from easyfit.distributed.launchers.ray_cluster_view import FreshClusterView
+    coordinator, view = get_or_create_autoscaling_coordinator(), FreshClusterView(interval_s=60)
+
+    def nodes_reserved() -> int:   # the nodes on which the coordinator reserves the 3 workers' CPUs asked for below
+        return len(ray.get(coordinator.get_reserved_resources.remote("easyfit-test")))
+
+    ray.get(coordinator.request_resources.remote(requester_id="easyfit-test", resources=[{"CPU": 1}] * 3,
+                                                 expire_after_s=120))
+    try:
+        assert nodes_reserved() == 1
+        node = cluster.add_node(num_cpus=1)
+        view.refresh()
+        assert nodes_reserved() == 2
+        cluster.remove_node(node)
+        view.refresh()
+        assert nodes_reserved() == 1
+    finally:
+        ray.get(coordinator.cancel_request.remote("easyfit-test"))
+
+
 class FailsInEpochTwo(Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 1:

@@ -81,10 +81,10 @@ def check_min_fits(options: Ray, resources: dict, cluster: dict) -> None:
                              f"lower min to {int(available // each)} or less, or add nodes to the cluster first.")
 
 
-def check_elastic_data(datasets: dict | None) -> None:
+def check_elastic_data(ray_dataset: bool) -> None:
     """Refuse a `ray.data.Dataset` to train on: Ray Data streams it in its own order, which a resized group cannot
     continue where the last one stopped."""
-    if datasets:
+    if ray_dataset:
         raise ValueError("an elastic fit continues each interrupted epoch at the same place of its global sample "
                          "order, which a ray.data.Dataset streamed by Ray Data does not have: pass arrays, "
                          "tensors or a torch Dataset (e.g. the dataset's columns read into arrays), "

@@ -53,9 +53,7 @@ class RayLauncher(Launcher):
 
     def start(self, function: Callable, plan, model=None, **inputs) -> Any:
         if self.options.elastic:
-            check_elastic_strategy(plan.run.strategy)
-            if plan.kind.trains:
-                inputs = {**inputs, "options": elastic_fit_options(inputs["options"], self.max_restarts)}
+            inputs = self._elastic_inputs(plan, inputs)
         ray = import_ray()
         from ray import cloudpickle
         from ray.train import WorkerGroupError
@@ -63,8 +61,6 @@ class RayLauncher(Launcher):
 
         from easyfit.data.ray_dataset import hand_to_ray
         inputs, datasets, dataset_config = hand_to_ray(inputs, plan.kind.trains)
-        if self.options.elastic:
-            check_elastic_data(datasets)
         join_cluster(ray, self.options)
         use_gpu = self._use_gpu(ray)
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
@@ -85,6 +81,15 @@ class RayLauncher(Launcher):
             return cloudpickle.loads(ray.get(box.result.remote()))
         finally:
             ray.kill(box)
+
+    def _elastic_inputs(self, plan, inputs: dict) -> dict:
+        """An elastic call's inputs, checked before Ray starts; its fit's options as an elastic fit runs them."""
+        from easyfit.data.ray_dataset import is_ray_data
+        check_elastic_strategy(plan.run.strategy)
+        if not plan.kind.trains:
+            return inputs
+        check_elastic_data(is_ray_data(inputs.get("x")))
+        return {**inputs, "options": elastic_fit_options(inputs["options"], self.max_restarts)}
 
     def _check_cluster_fits(self, resources: dict, cluster: dict) -> None:
         if self.options.elastic:
