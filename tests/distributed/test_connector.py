@@ -208,7 +208,7 @@ def test_a_strategy_object_is_used_as_given_and_its_unset_fields_filled_in_a_cop
     assert kind(strategy) == ("DDPStrategy", "spawn")   # not the notebook's fork
     assert strategy.parallel_devices == [torch.device("cpu")] * 2 and strategy.num_nodes == 1
     assert strategy.process_group_backend == "gloo" and strategy.environment.name == "local"
-    assert strategy.find_unused_parameters
+    assert strategy.wrapping.find_unused_parameters
 
 
 def test_a_strategy_object_keeps_what_it_was_given(gpus):

@@ -68,7 +68,7 @@ def test_a_configured_ddp_strategy_pickles_its_configuration_only():
     strategy.fit_state = DDPFit(wrapped=threading.Lock(), hook_state=None)   # what a fit holds need not pickle
     copy = pickle.loads(pickle.dumps(strategy))
     assert copy.fit_state is None and {"fit_state", "_launcher"}.isdisjoint(vars(copy))
-    assert (copy.parallel_devices, copy.process_group_backend, copy.find_unused_parameters) == \
+    assert (copy.parallel_devices, copy.process_group_backend, copy.wrapping.find_unused_parameters) == \
         ([torch.device("cpu")] * 2, "gloo", True)
 
 

@@ -101,7 +101,8 @@ class BaguaStrategy(ParallelStrategy):
         if unknown:
             raise ValueError(f"Bagua's {algorithm!r} algorithm takes {', '.join(ALGORITHMS[algorithm].options)}; "
                              f"received {', '.join(unknown)}")
-        super().__init__(accelerator, parallel_devices, num_nodes, environment, "nccl", timeout)
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes,
+                         environment=environment, process_group_backend="nccl", timeout=timeout)
         self.algorithm, self.algorithm_options = algorithm, options
         import_bagua(algorithm)   # fail here, before any process starts, with the explanation and the alternative
 
@@ -118,10 +119,10 @@ class BaguaStrategy(ParallelStrategy):
             return launchers.existing_rank_launcher(self.environment)
         return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
 
-    def setup_environment(self) -> None:
-        """Join Bagua's process group (it also creates torch's, over NCCL, which easyfit's collectives use)."""
+    def join_process_group(self) -> None:
+        """Join Bagua's process group (it also creates torch's, over NCCL, which easyfit's collectives use); this
+        rank's GPU is selected already."""
         bagua = import_bagua(self.algorithm)
-        Strategy.setup_environment(self)   # select this rank's GPU before Bagua creates its communicators
         if bagua.communication.is_initialized():
             return
         store = dist.TCPStore(self.environment.main_address, self.environment.main_port, self.world_size,

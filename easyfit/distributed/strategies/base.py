@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -23,6 +23,8 @@ from torch.utils.data import Sampler
 from easyfit.data.batches import interleave
 from easyfit.data.samplers import EpochSampler, EvalSampler
 from easyfit.distributed.collectives import Collectives
+from easyfit.distributed.strategies.capabilities import NAMES, Capabilities
+from easyfit.distributed.strategies.states import CallState, ComingFit, FitState
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
@@ -37,24 +39,46 @@ def unwrap(net: torch.nn.Module) -> torch.nn.Module:
     return net.module if isinstance(net, WRAPPERS) else net
 
 
-@dataclass
-class CallState:
-    """What one call (fit, evaluate, predict) holds in this process; a backend subclasses it, as FitState."""
+class Capability:
+    """A flag read as an attribute of a strategy (or of its class): its `capabilities` entry of that name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, strategy, cls=None):
+        return getattr((cls if strategy is None else strategy).capabilities, self.name)
 
 
-@dataclass
-class FitState:
-    """What one fit holds on one rank, from `setup` to the fit's end; a backend subclasses it (a dataclass in its
-    module) with its own fields."""
+def flags_as_attributes(cls):
+    """Class decorator of the base strategy: each flag also reads as an attribute (`strategy.handles_clipping`)."""
+    for name in NAMES:
+        setattr(cls, name, Capability(name))
+    return cls
 
 
-@dataclass
-class ComingFit(FitState):
-    """The fit state from `configure_training` to `setup`: the fit's `TrainingSettings`, which `setup` builds from."""
+def declared(cls, plain_step) -> Capabilities:
+    """The class's capabilities: its own declaration or its base's, with the loose flags of the earlier contract
+    folded in (and removed from the class); `plain_step`: the base's `optimizer_step`, which a class that defines its
+    own is not compiled past unless it says so."""
+    own = vars(cls).get("capabilities")
+    flags = {name: vars(cls)[name] for name in NAMES if name in vars(cls)}
+    dynamic = [name for name, value in flags.items() if isinstance(value, property) or callable(value)]
+    if dynamic:
+        raise TypeError(f"{cls.__qualname__} defines {', '.join(dynamic)} as a property or method; strategies now "
+                        "declare their flags in one frozen `capabilities = Capabilities(...)` (easyfit.strategies."
+                        "Capabilities), and a value that depends on the strategy's options is set in __init__: "
+                        "self.capabilities = dataclasses.replace(self.capabilities, name=value)")
+    for name in flags:
+        delattr(cls, name)
+    capabilities = replace(own if own is not None else cls.capabilities, **flags)
+    if own is None and "optimizer_step" in vars(cls) and "plain_optimizer_step" not in flags:
+        capabilities = replace(capabilities, plain_optimizer_step=False)
+    if capabilities.plain_optimizer_step is None:
+        capabilities = replace(capabilities, plain_optimizer_step=cls.optimizer_step is plain_step)
+    return capabilities
 
-    settings: Any
 
-
+@flags_as_attributes
 class Strategy:
     """One process's view of a backend. The base class is a correct single-process backend."""
 
@@ -64,34 +88,9 @@ class Strategy:
     #: the running fit's state (ComingFit from `configure_training`, the backend's FitState from `setup`); else None
     fit_state: FitState | None = None
 
-    # --- what the connector needs to know ---------------------------------------------
-    #: its launcher always creates new local processes (spawn, fork), so it cannot join ranks a launcher started
-    starts_processes = False
-    #: under torchrun / SLURM / ..., devices="auto" means one device per process the launcher started
-    uses_launcher_processes = True
-
-    # --- what the loop needs to know ------------------------------------------------
-    #: the backend accumulates gradients itself: the loop calls `backward` on the undivided loss and
-    #: `optimizer_step` after every batch, and the backend decides when the optimizer really steps
-    handles_accumulation = False
-    #: the backend clips gradients itself (configured by `configure_training`): the loop never calls `clip_gradients`
-    handles_clipping = False
-    #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces
-    #: (the base contract's step, or a wrapper dynamo knows, like DDP). False: such a call raises a clear error
-    supports_compile = False
-    #: `optimizer_step` is the plain `optimizer.step()` (through the precision plugin), which compile= may compile;
-    #: False where the backend steps its own way (DeepSpeed's engine, Horovod's synchronisation, XLA's step)
-    plain_optimizer_step = True
-    #: the net's forward can take the targets (loss="model" passes them as labels=); False where the backend runs the
-    #: net as a chain of one-input stages (a pipeline)
-    forward_takes_targets = True
-    #: the loop adds each step's loss to the epoch's sum in the step itself, rather than keeping the losses and
-    #: summing them when read (a progress bar's running loss): on XLA, summing a varying number of losses would
-    #: compile a graph for each number read
-    sums_losses_per_step = False
-    #: a loss over counted items (tokens) trains each step on the mean over the step's items across micro-batches
-    #: and ranks (easyfit.training.item_windows); False where the backend combines its micro-batches' losses itself
-    counts_items = True
+    #: what this backend can do and what the connector and the loop must know (see capabilities.py); a subclass
+    #: declares its own, and each flag also reads as an attribute (`strategy.handles_clipping`)
+    capabilities = Capabilities(plain_optimizer_step=True)
     #: set by the connector when strategy="auto" chose this backend for a reason the summary line should give
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
@@ -101,8 +100,7 @@ class Strategy:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "optimizer_step" in vars(cls) and "plain_optimizer_step" not in vars(cls):
-            cls.plain_optimizer_step = False   # a backend's own step is never compiled past unless it says so
+        cls.capabilities = declared(cls, Strategy.optimizer_step)
 
     def __init__(self, device: torch.device | str | None = None):
         self.root_device = torch.device(device or "cpu")
@@ -194,9 +192,6 @@ class Strategy:
     def training_settings(self):
         """The coming fit's `TrainingSettings` until `setup` replaces the fit state; None when none were given."""
         return self.fit_state.settings if isinstance(self.fit_state, ComingFit) else None
-
-    #: the kind of net built sharded (construction.META, construction.ZERO3) that `setup` trains; None: none
-    trains_built_sharded: str | None = None
 
     def module_construction(self) -> contextlib.AbstractContextManager:
         """A context in which a net is built sharded from the start, taking no full copy of its parameters in any

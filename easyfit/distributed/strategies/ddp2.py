@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from easyfit.distributed.strategies.base import FitState
+from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.parallel import ParallelStrategy
 from easyfit.parts.precision import Precision
 
@@ -46,7 +47,7 @@ class DDP2Strategy(ParallelStrategy):
 
     name = "ddp2"
     #: one process per node, started by hand, torchrun or SLURM; it uses the node's devices as asked
-    uses_launcher_processes = False
+    capabilities = Capabilities(uses_launcher_processes=False)
 
     def configure(self, *args, **kwargs) -> None:
         super().configure(*args, **kwargs)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedState
+from easyfit.distributed.strategies.capabilities import Capabilities
+from easyfit.distributed.strategies.sharded import FULL, SHARDED, ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
@@ -90,7 +90,7 @@ class DeepSpeedFit(ShardedFit):
     accumulating: bool = False
 
 
-class DeepSpeedStrategy(ShardedState, DDPStrategy):
+class DeepSpeedStrategy(ShardingStrategy):
     """strategy="deepspeed" (ZeRO stage 2) and the "deepspeed_stage_*" names; `easyfit.strategies.DeepSpeed`.
 
     Args:
@@ -100,15 +100,13 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
         allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements.
         config: a DeepSpeed config (dict or JSON path; default: the EASYFIT_DEEPSPEED_CONFIG variable). Every key
             set there wins over what easyfit derives from fit's arguments.
-        state_dict_type, hand_back: see ShardedState; a "sharded" checkpoint is DeepSpeed's checkpoint directory,
-            every rank writing its partition.
+        state_dict_type, hand_back: see ShardingStrategy; a "sharded" checkpoint is DeepSpeed's checkpoint
+            directory, every rank writing its partition.
     """
 
-    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
-
-    handles_accumulation = True
-    handles_clipping = True
-    plain_optimizer_step = False   # the engine steps
+    # the engine builds the step (not compiled by fit(compile=...)): it accumulates, clips and steps itself
+    capabilities = Capabilities(handles_accumulation=True, handles_clipping=True, plain_optimizer_step=False)
+    STATE_FORMATS = (FULL, SHARDED)
 
     def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  allgather_bucket_size: float | None = None, reduce_bucket_size: float | None = None,
@@ -118,6 +116,8 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
         if offload_parameters and stage != 3:
             raise ValueError("offload_parameters needs stage=3 (only stage 3 partitions parameters)")
+        if stage == 3:   # stage 3 partitions parameters, and can build a net partitioned from the start
+            self.capabilities = replace(self.capabilities, shards_parameters=True, trains_built_sharded=ZERO3)
         self.stage, self.offload_optimizer, self.offload_parameters = stage, offload_optimizer, offload_parameters
         self.buckets = {"allgather_bucket_size": allgather_bucket_size, "reduce_bucket_size": reduce_bucket_size}
         self.user_config = read_config(config)
@@ -153,10 +153,6 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
         return plugin if isinstance(plugin, DeepSpeedPrecision) else DeepSpeedPrecision(plugin.name, plugin.device)
 
     # --- life -----------------------------------------------------------------------
-    @property
-    def trains_built_sharded(self) -> str | None:
-        return ZERO3 if self.stage == 3 else None
-
     def module_construction(self) -> contextlib.AbstractContextManager:
         """Stage 3: `deepspeed.zero.Init`, each parameter partitioned over the ranks as its module is built (the
         ranks meet here). Stages 1 and 2 keep full parameters in every process: the net is built as usual."""
@@ -207,10 +203,6 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
 
     def trains_net(self, net: torch.nn.Module) -> bool:
         return self._engine_fit(net) is not None
-
-    @property
-    def shards_parameters(self) -> bool:
-        return self.stage == 3
 
     def full_optimizer_state(self, optimizer) -> dict:
         return self.fit_state.full_state.optimizer_state(optimizer)
@@ -269,7 +261,7 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
         fit = self._engine_fit(net)
         if fit is None:
             return super().module_state(net)
-        return {} if self.state_dict_type == "sharded" else fit.full_state.module_state()
+        return {} if self.state_dict_type == SHARDED else fit.full_state.module_state()
 
     def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
         """The fp32 weights the engine's optimizer steps (which its state and evaluation copy are read from), this
@@ -290,7 +282,7 @@ class DeepSpeedStrategy(ShardedState, DDPStrategy):
     def optimizer_state(self, optimizer) -> dict:
         if not self.trains(optimizer):
             return super().optimizer_state(optimizer)
-        return {} if self.state_dict_type == "sharded" else self.fit_state.full_state.optimizer_state(optimizer)
+        return {} if self.state_dict_type == SHARDED else self.fit_state.full_state.optimizer_state(optimizer)
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
         if not self.trains(optimizer):

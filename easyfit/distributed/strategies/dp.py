@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.capabilities import Capabilities
 
 
 def require_cuda(strategy_name: str) -> None:
@@ -17,8 +18,7 @@ class DataParallelStrategy(Strategy):
     so losses and metrics see the whole batch. One process: the batch factor is 1."""
 
     name = "dp"
-
-    uses_launcher_processes = False
+    capabilities = Capabilities(uses_launcher_processes=False)
 
     def __init__(self, parallel_devices: list[torch.device] | None = None):
         super().__init__(parallel_devices[0] if parallel_devices else None)

@@ -16,14 +16,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedState
+from easyfit.distributed.strategies.capabilities import Capabilities
+from easyfit.distributed.strategies.sharded import FULL, SHARDED, ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts import sharding
 from easyfit.distributed.strategy_parts.sharding import optimizer_params, param_names, without_weights
 from easyfit.saving.backend_folders import check_dcp_folder
 from easyfit.saving.checkpoint import FSDP_META_FILE, load_checkpoint_file, save_checkpoint_file
 
-#: DDPStrategy's options for its gradient all-reduce, which the DTensor strategies do not run
+#: DDPStrategy's options for its gradient all-reduce, which the DTensor strategies do not run (refused by name)
 DDP_COMMUNICATION = ("comm_hook", "powersgd_rank", "powersgd_start_step", "model_averaging_period",
                      "model_averaging_warmup")
 
@@ -90,27 +90,26 @@ class DTensorFit(ShardedFit):
     names: list[str]
 
 
-class DTensorStrategy(ShardedState, DDPStrategy):
-    """The contract for a copy of the user's net whose parameters are DTensors on a device mesh.
+class DTensorStrategy(ShardingStrategy):
+    """The contract for a copy of the user's net whose parameters are DTensors on a device mesh. torch.compile
+    traces a net of DTensors (their collectives become graph nodes): the forward with the loss is compiled, the step
+    stays separate calls.
 
     Args:
-        state_dict_type, hand_back: see ShardedState; a "sharded" checkpoint is a torch.distributed.checkpoint
+        state_dict_type, hand_back: see ShardingStrategy; a "sharded" checkpoint is a torch.distributed.checkpoint
             directory.
     """
 
-    def __init__(self, *args, **kwargs):
-        ignored = [name for name in DDP_COMMUNICATION if name in kwargs]
+    capabilities = Capabilities(supports_compile=True, shards_parameters=True)
+    STATE_FORMATS = (FULL, SHARDED)
+
+    def __init__(self, **options):
+        ignored = [name for name in DDP_COMMUNICATION if name in options]
         if ignored:
             raise ValueError(f"{type(self).__name__} does not take {', '.join(ignored)}: DDP's gradient "
                              "communication options, which it (its DTensors reduce their gradients themselves) would "
                              "ignore; use DDPStrategy for compressed gradients or local SGD")
-        super().__init__(*args, **kwargs)
-
-    @property
-    def supports_compile(self) -> bool:
-        """torch.compile traces a net of DTensors (their collectives become graph nodes): the forward with the loss
-        is compiled, the step stays separate calls."""
-        return True
+        super().__init__(**options)
 
     # --- the hooks ------------------------------------------------------------------
     def build_mesh(self) -> DeviceMesh:
@@ -154,7 +153,7 @@ class DTensorStrategy(ShardedState, DDPStrategy):
     def module_state(self, net: torch.nn.Module) -> dict:
         if not holds_dtensors(net):
             return super().module_state(net)
-        return net.state_dict() if self.state_dict_type == "sharded" else self._full_module_state(net)
+        return net.state_dict() if self.state_dict_type == SHARDED else self._full_module_state(net)
 
     @staticmethod
     def _full_module_state(net: torch.nn.Module) -> dict:
@@ -172,7 +171,7 @@ class DTensorStrategy(ShardedState, DDPStrategy):
         net.load_state_dict({key: shard_like(value, own[key]) for key, value in state.items()})
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        if self.state_dict_type == "sharded":   # keyed by parameter name, each rank its slices
+        if self.state_dict_type == SHARDED:   # keyed by parameter name, each rank its slices
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
             return get_optimizer_state_dict(self.fit_state.sharded, optimizer)
         return self.full_optimizer_state(optimizer)

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from easyfit.distributed.strategies.ddp import DDPStrategy
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts.sharding import require
 
 
@@ -19,13 +18,12 @@ class FairScaleFit(ShardedFit):
     wrapped: torch.nn.Module | None
 
 
-class ShardedStrategy(ShardedTraining, DDPStrategy):
-    """strategy="ddp_sharded" (script re-launch, torchrun, SLURM) / "ddp_sharded_spawn"."""
+class ShardedStrategy(ShardingStrategy):
+    """strategy="ddp_sharded" (script re-launch, torchrun, SLURM) / "ddp_sharded_spawn"; its wrapper builds the step,
+    which fit(compile=...) does not compile."""
 
-    supports_compile = False   # its engine / wrapper builds the step: not compiled by fit(compile=...)
-
-    def __init__(self, *args, start_method: str = "popen", **kwargs):
-        super().__init__(*args, start_method=start_method, **kwargs)
+    def __init__(self, *, start_method: str = "popen", **options):
+        super().__init__(start_method=start_method, **options)
         self.name = "ddp_sharded_spawn" if start_method == "spawn" else "ddp_sharded"
 
     def check_precision(self, precision: str) -> None:

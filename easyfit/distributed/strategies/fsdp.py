@@ -15,6 +15,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.dtensor import DTensorStrategy
 from easyfit.distributed.strategy_parts.construction import META, built_sharded
 from easyfit.distributed.strategy_parts.meta_init import (
@@ -69,11 +70,13 @@ class FSDPStrategy(DTensorStrategy):
 
     Args:
         cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory between uses.
-        state_dict_type, hand_back: see DTensorStrategy.
+        state_dict_type, hand_back, start_method, placement: see ShardingStrategy.
     """
 
-    def __init__(self, *args, cpu_offload: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
+    capabilities = Capabilities(supports_compile=True, shards_parameters=True, trains_built_sharded=META)
+
+    def __init__(self, *, cpu_offload: bool = False, **options):
+        super().__init__(**options)
         self.cpu_offload = cpu_offload
         self.name = "fsdp_cpu_offload" if cpu_offload else "fsdp"
 
@@ -94,8 +97,6 @@ class FSDPStrategy(DTensorStrategy):
                                     output_dtype=torch.float32 if dtype else None)
 
     # --- life -----------------------------------------------------------------------
-    trains_built_sharded = META
-
     def module_construction(self) -> contextlib.AbstractContextManager:
         """Modules built in this context are on the meta device (no memory); `setup` materializes the net one shard
         unit at a time, with the weights it would have had if built whole. It needs no ranks yet."""

@@ -15,7 +15,8 @@ from easyfit.distributed.collectives import HorovodCollectives
 from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.base import FitState
-from easyfit.distributed.strategies.parallel import MultiProcessStrategy
+from easyfit.distributed.strategies.capabilities import Capabilities
+from easyfit.distributed.strategies.parallel import ParallelStrategy, Placement
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -30,52 +31,32 @@ class HorovodFit(FitState):
     synchronized: bool = False
 
 
-class HorovodStrategy(MultiProcessStrategy):
-    """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16."""
+class HorovodStrategy(ParallelStrategy):
+    """Data parallel training with Horovod. `compression="fp16"` sends gradients as float16. It joins Horovod's job
+    instead of a torch process group, and its collectives are Horovod's."""
 
     name = "horovod"
-    plain_optimizer_step = False   # synchronises the gradients first
+    capabilities = Capabilities(plain_optimizer_step=False)   # synchronises the gradients first
 
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
                  compression: str = "none", start_timeout: int = 60):
         if compression not in ("none", "fp16"):
             raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
-        super().__init__(accelerator, parallel_devices, num_nodes, environment)
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes,
+                         environment=environment)
         self.compression, self.start_timeout = compression, start_timeout
 
-    # --- identity -------------------------------------------------------------------
-    @property
-    def _hvd(self):
-        """`horovod.torch` once this process has joined the Horovod job; None before."""
+    # --- placement ------------------------------------------------------------------
+    def read_placement(self) -> Placement:
+        """Horovod's answers once this process has joined the job; before, the launcher's, or this process's alone."""
         hvd = import_horovod()
-        return hvd if hvd.is_initialized() else None
-
-    def _identity(self, horovod: str, launcher: str, alone: int) -> int:
-        """Horovod's answer once this process joined the job; before, the launcher's, or this process's alone."""
-        hvd = self._hvd
-        if hvd is not None:
-            return getattr(hvd, horovod)()
-        if self.environment.creates_processes_externally:
-            return getattr(self.environment, launcher)()
-        return alone
-
-    @property
-    def world_size(self) -> int:
-        return self._identity("size", "world_size", self.num_nodes * self.num_processes)
-
-    @property
-    def global_rank(self) -> int:
-        return self._identity("rank", "global_rank", 0)
-
-    @property
-    def local_rank(self) -> int:
-        return self._identity("local_rank", "local_rank", 0)
-
-    @property
-    def node_rank(self) -> int:
-        hvd = self._hvd
-        return hvd.cross_rank() if hvd is not None else 0
+        if hvd.is_initialized():
+            return Placement(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.cross_rank())
+        environment = self.environment
+        if environment.creates_processes_externally:
+            return Placement(environment.world_size(), environment.global_rank(), environment.local_rank(), 0)
+        return Placement(self.num_nodes * self.num_processes, 0, 0, 0)
 
     @property
     def root_device(self) -> torch.device:
@@ -96,6 +77,7 @@ class HorovodStrategy(MultiProcessStrategy):
 
     # --- life -----------------------------------------------------------------------
     def setup_environment(self) -> None:
+        """Join Horovod's job first: the call's placement is then Horovod's."""
         hvd = import_horovod()
         hvd.init()
         requested = self.num_nodes * self.num_processes
@@ -103,8 +85,14 @@ class HorovodStrategy(MultiProcessStrategy):
             raise RuntimeError(f"this Horovod job has {hvd.size()} processes, but this call asks for {requested}; "
                                "every call in a Horovod job must use the same devices and num_nodes")
         super().setup_environment()
-        if self.root_device.type == "cpu":   # whoever started them, the ranks on this machine share its cores
-            self.share_cores(hvd.local_size())
+
+    def join_process_group(self) -> None:
+        """No torch process group: whoever started them, the ranks on this machine share its cores."""
+        if self.root_device.type == "cpu":
+            self.share_cores(import_horovod().local_size())
+
+    def leave_process_group(self) -> None:
+        """Horovod's job lasts as long as the process."""
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -144,7 +132,6 @@ class HorovodStrategy(MultiProcessStrategy):
         state = load_checkpoint_file(path, map_location=self.root_device) if self.is_global_zero else None
         return hvd.broadcast_object(state, root_rank=0, name="easyfit.saving.checkpoint")
 
-    # --- data -----------------------------------------------------------------------
     # --- step -----------------------------------------------------------------------
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad()   # Horovod's zero_grad takes no arguments; it sets gradients to None

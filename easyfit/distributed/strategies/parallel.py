@@ -1,6 +1,7 @@
-"""What every multi-process strategy shares: its configuration (devices, nodes, who starts the processes) and each
-rank's share of the CPU cores (`MultiProcessStrategy`, also Horovod's), and with torch.distributed (`ParallelStrategy`)
-the ranks, the process group, the data-parallel share of the data and the collectives."""
+"""What every multi-process strategy shares (`ParallelStrategy`): its configuration (devices, nodes, who starts the
+processes and how), the call's placement (the ranks, read from the launch environment once per call and frozen), each
+rank's share of the CPU cores and of the data, and the process group it joins (torch.distributed's here, with its
+collectives; Horovod joins its own job instead)."""
 from __future__ import annotations
 
 import atexit
@@ -9,11 +10,12 @@ import gc
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, Sampler
 
 from easyfit.distributed.attempt_store import attempt_store
@@ -86,37 +88,49 @@ class DistributedSamplerWrapper(Sampler):
         return -(-len(self.sampler) // self.world_size)
 
 
-class DataParallelShares:
-    """The sampler hooks of a strategy whose data-parallel replicas each train on a share of the data: replica
-    `data_parallel_rank` of `data_parallel_size` (Strategy's properties; a strategy whose ranks form groups that
-    see the same batch, as a pipeline's stages, says so there, and these hooks follow)."""
+@dataclass(frozen=True)
+class Placement:
+    """Where one call runs in this process: its ranks, read from the launch environment once, when the call's
+    environment is set up (`ParallelStrategy.setup_environment`), and frozen until the call ends."""
 
-    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
-        return DistributedSampler(range(dataset_len), num_replicas=self.data_parallel_size,
-                                  rank=self.data_parallel_rank, shuffle=shuffle, seed=seed)
-
-    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
-        return DistributedSamplerWrapper(sampler, self.data_parallel_rank, self.data_parallel_size)
+    world_size: int
+    global_rank: int
+    local_rank: int
+    node_rank: int
 
 
 @dataclass
 class ParallelCall(CallState):
-    """A call of several processes: this rank's share of the CPU cores while it runs, and the process groups it made
-    besides the default one (a pipeline's), which end with the call."""
+    """A call of several processes: its placement, this rank's share of the CPU cores while it runs, and the process
+    groups it made besides the default one (a pipeline's), which end with the call."""
 
+    placement: Placement
     cores: CoreShare = field(default_factory=CoreShare)
     subgroups: list = field(default_factory=list)
 
 
-class MultiProcessStrategy(DataParallelShares, Strategy):
-    """The configuration every multi-process strategy shares (the devices of each node, the nodes, who starts the
-    processes, the process-group backend), and each rank's share of the CPU cores while a call runs."""
+#: how a strategy's own launcher starts the other ranks: re-running the script, spawning or forking processes
+START_METHODS = ("popen", "spawn", "fork")
+
+
+class ParallelStrategy(Strategy):
+    """What every multi-process strategy shares: the devices of each node, the nodes, the launch environment, the
+    process-group backend and how the ranks start (`start_method`: "popen" re-runs the script, "spawn" / "fork" start
+    new processes; None: the script is re-run, the strategy offering no other way); the call's frozen placement, each
+    rank's share of the CPU cores and of the data, the process group and the collectives."""
 
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
-                 process_group_backend: str | None = None):
+                 process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
+                 start_method: str | None = None):
+        if start_method is not None and start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
         self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
         self.environment, self.process_group_backend = environment, process_group_backend
+        self.timeout, self.start_method = timeout, start_method
+        self._local_rank = 0
+        if start_method in ("spawn", "fork"):
+            self.capabilities = replace(self.capabilities, starts_processes=True)
 
     def configure(self, accelerator: str = "cpu", parallel_devices: list[torch.device] | None = None,
                   num_nodes: int = 1, environment: ClusterEnvironment | None = None,
@@ -134,76 +148,61 @@ class MultiProcessStrategy(DataParallelShares, Strategy):
         """Processes on this node."""
         return len(self.parallel_devices)
 
-    def new_call_state(self) -> ParallelCall:
-        """The state of a call starting in this process (a backend with more to hold gives its own)."""
-        return ParallelCall()
-
-    def setup_environment(self) -> None:
-        super().setup_environment()
-        self.call_state = self.new_call_state()
-
-    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
-        """Rank 0's buffers into every rank's net (BatchNorm's running statistics, which each rank updated from its
-        own batches): the net is the same in every process after the fit, the one rank 0's checkpoints hold."""
-        from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
-        share_rank_zero_buffers(self, user_net)
-        super().end_fit(user_net, user_optimizer, net, optimizer)
-
-    def share_cores(self, processes: int) -> None:
-        """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
-        self.call_state.cores.apply(processes)
+    # --- placement ------------------------------------------------------------------
+    def read_placement(self) -> Placement:
+        """The ranks as the launch environment says (a launcher's variables), or as this process's own launch made
+        them (the local rank its launcher gave it); read once per call, by `setup_environment`."""
+        environment = self.environment
+        node_rank = environment.node_rank()
+        if environment.creates_processes_externally:
+            return Placement(environment.world_size(), environment.global_rank(), environment.local_rank(), node_rank)
+        return Placement(self.num_nodes * self.num_processes, node_rank * self.num_processes + self._local_rank,
+                         self._local_rank, node_rank)
 
     @property
-    def threads_note(self) -> str | None:
-        return None if self.call_state is None else self.call_state.cores.note
+    def placement(self) -> Placement:
+        """The running call's placement (frozen); before a call's environment is set up, as the environment says now."""
+        call = self.call_state
+        return call.placement if isinstance(call, ParallelCall) else self.read_placement()
 
-    def teardown(self) -> None:
-        if self.call_state is not None:
-            self.call_state.cores.restore()
-        super().teardown()
-
-
-class ParallelStrategy(MultiProcessStrategy):
-    """What every multi-process strategy of torch.distributed shares: ranks, the process group, samplers and
-    collectives."""
-
-    def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
-                 num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
-                 process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT):
-        super().__init__(accelerator, parallel_devices, num_nodes, environment, process_group_backend)
-        self.timeout = timeout
-        self._local_rank = 0
-
-    # --- identity -------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        if self.environment.creates_processes_externally:
-            return self.environment.world_size()
-        return self.num_nodes * self.num_processes
-
-    @property
-    def local_rank(self) -> int:
-        return self.environment.local_rank() if self.environment.creates_processes_externally else self._local_rank
-
-    @property
-    def node_rank(self) -> int:
-        return self.environment.node_rank()
+        return self.placement.world_size
 
     @property
     def global_rank(self) -> int:
-        if self.environment.creates_processes_externally:
-            return self.environment.global_rank()
-        return self.node_rank * self.num_processes + self._local_rank
+        return self.placement.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.placement.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.placement.node_rank
 
     def set_local_rank(self, local_rank: int) -> None:
-        """Called in each process started by a ProcessLauncher."""
+        """Called in each process started by a ProcessLauncher, before the call's environment is set up."""
         self._local_rank = local_rank
 
     @property
     def root_device(self) -> torch.device:
         return self.parallel_devices[self.local_rank % self.num_processes]
 
-    # --- life -----------------------------------------------------------------------
+    # --- data: this replica's share -----------------------------------------------------
+    def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:
+        return DistributedSampler(range(dataset_len), num_replicas=self.data_parallel_size,
+                                  rank=self.data_parallel_rank, shuffle=shuffle, seed=seed)
+
+    def wrap_user_sampler(self, sampler: Sampler) -> Sampler:
+        return DistributedSamplerWrapper(sampler, self.data_parallel_rank, self.data_parallel_size)
+
+    # --- launch ---------------------------------------------------------------------
+    def check_call(self, call) -> None:
+        if self.start_method == "popen" and call.interactive and not call.external and len(call.devices) > 1:
+            raise ValueError(f"strategy={self.name!r} re-runs your script in each extra process, but this is a "
+                             "notebook or REPL. Use strategy='ddp_notebook' (fork) here, or run the code as a script.")
+
     def make_launcher(self):
         """The launcher that starts this call's ranks; in a rank that exists already, the handshake of the launcher
         that started it (if easyfit's own) or None."""
@@ -213,12 +212,29 @@ class ParallelStrategy(MultiProcessStrategy):
         return self.start_launcher()
 
     def start_launcher(self):
-        """The launcher that creates this call's ranks: the script re-run for the other local ranks."""
+        """The launcher that creates this call's ranks: the script re-run for the other local ranks, or processes
+        spawned or forked (`start_method`)."""
+        if self.start_method in ("spawn", "fork"):
+            from easyfit.distributed.launchers import ProcessLauncher
+            return ProcessLauncher(self, self.start_method)
         from easyfit.distributed.launchers import ScriptLauncher
         return ScriptLauncher(self) if self.num_processes > 1 else None
 
+    # --- life -----------------------------------------------------------------------
+    def new_call_state(self) -> ParallelCall:
+        """The state of a call starting in this process, its placement read now (a backend with more to hold gives
+        its own)."""
+        return ParallelCall(self.read_placement())
+
     def setup_environment(self) -> None:
+        """Freeze the call's placement, select this process's device and join the process group."""
+        self.call_state = self.new_call_state()
         super().setup_environment()
+        self.join_process_group()
+
+    def join_process_group(self) -> None:
+        """Create torch.distributed's default process group of this call's ranks (or check the one that exists),
+        each rank of easyfit's own launch on its share of the CPU cores."""
         if self.root_device.type == "cpu" and self.launcher is not None:   # easyfit's own launch, not torchrun's
             self.share_cores(self.num_processes)
         if dist.is_initialized():
@@ -242,14 +258,51 @@ class ParallelStrategy(MultiProcessStrategy):
         """True in processes a spawn / fork launcher started for this call alone."""
         return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
+    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
+        """Rank 0's buffers into every rank's net (BatchNorm's running statistics, which each rank updated from its
+        own batches): the net is the same in every process after the fit, the one rank 0's checkpoints hold."""
+        from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+        share_rank_zero_buffers(self, user_net)
+        super().end_fit(user_net, user_optimizer, net, optimizer)
+
+    def share_cores(self, processes: int) -> None:
+        """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
+        self.call_state.cores.apply(processes)
+
+    @property
+    def threads_note(self) -> str | None:
+        return None if self.call_state is None else self.call_state.cores.note
+
     def teardown(self) -> None:
-        """The call's own process groups end with it; processes this strategy started end with the default group
-        too, which a re-launched script keeps for later calls."""
+        """The call's own process groups end with it, and its share of the cores; then `leave_process_group`."""
         if self.call_state is not None:
+            self.call_state.cores.restore()
             destroy_subgroups(self.call_state.subgroups)
         super().teardown()
+        self.leave_process_group()
+
+    def leave_process_group(self) -> None:
+        """Processes this strategy started end with the default group too, which a re-launched script keeps for later
+        calls."""
         if self._group_ends_with_call():
             destroy_process_group()
+
+    # --- a net its setup wrapped in DistributedDataParallel (DDP's, ZeRO's) ----------------
+    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The wrapped training net (validation in a fit) takes rank 0's buffers first, as DDP gives them to every
+        rank at its next forward: the ranks evaluate one net, the one rank 0's checkpoints hold."""
+        if isinstance(net, DistributedDataParallel):
+            from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
+            share_rank_zero_buffers(self, net.module)
+        return super().module_for_eval(net)
+
+    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
+
+    def uneven_inputs(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """torch's join: a rank whose data ran out shadows the gradient all-reduces of the others (which divide by
+        the whole world size), and every rank ends the epoch with the same weights."""
+        return net.join() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
 
     # --- collectives ----------------------------------------------------------------
     @property

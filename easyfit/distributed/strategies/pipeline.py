@@ -16,9 +16,10 @@ import torch.distributed as dist
 from torch import nn
 
 from easyfit.data.batches import interleave
+from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.ddp2 import average_gradients
-from easyfit.distributed.strategies.parallel import ParallelCall, ParallelStrategy, destroy_process_group
-from easyfit.distributed.strategies.sharded import ShardedFit, ShardedTraining
+from easyfit.distributed.strategies.parallel import ParallelCall, destroy_process_group
+from easyfit.distributed.strategies.sharded import ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategy_parts.pipeline_state import (
@@ -54,7 +55,7 @@ class PipelineFit(ShardedFit):
     synchronise: bool = True
 
 
-class PipelineStrategy(ShardedTraining, ParallelStrategy):
+class PipelineStrategy(ShardingStrategy):
     """strategy="pipeline", or `easyfit.strategies.Pipeline(...)` with options.
 
     Args:
@@ -69,6 +70,9 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
     """
 
     name = "pipeline"
+    #: each stage's forward takes the previous stage's output alone; the engine weights its micro-batches' losses by
+    #: their samples
+    capabilities = Capabilities(forward_takes_targets=False, counts_items=False)
 
     def __init__(self, balance="auto", microbatches: int | None = None, schedule: str = "gpipe",
                  checkpoint: str = "except_last", stages: int | None = None, chunks: int | None = None, **kwargs):
@@ -77,7 +81,7 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
         if chunks is not None and (not interleaved or not isinstance(chunks, int) or chunks < 1):
             raise ValueError(f"chunks (stages per rank) applies to schedule='interleaved_1f1b' and must be a "
                              f"positive int; got chunks={chunks!r} with schedule={schedule!r}")
-        super().__init__(**kwargs)
+        super().__init__(start_method=None, **kwargs)
         self.balance, self.schedule, self.checkpoint = balance, schedule, checkpoint
         self.chunks = chunks or (2 if interleaved else 1)
         self._stages_from_balance = balance != "auto" and stages is None
@@ -132,15 +136,12 @@ class PipelineStrategy(ShardedTraining, ParallelStrategy):
                    f"{'rank' if per_rank else 'stage'})"
         return f"stages={self.stages}" if self.stages else "one stage per process"
 
-    forward_takes_targets = False   # each stage's forward takes the previous stage's output alone
-    counts_items = False   # the engine weights its micro-batches' losses by their samples
-
     def check_net(self, net: nn.Module) -> None:
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
         resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
 
     def new_call_state(self) -> PipelineCall:
-        return PipelineCall()
+        return PipelineCall(self.read_placement())
 
     def setup_environment(self) -> None:
         own_group = self.world_size == 1 and not dist.is_initialized()

@@ -1,10 +1,11 @@
-"""The base of the memory-sharded strategies (FSDP, DeepSpeed, ZeRO, FairScale, pipeline, tensor parallel): each
-trains with an optimizer it builds over the parameters it shards, partitions or wraps. What they share is written
-here once: the user's optimizer rebuilt over the new parameters (`rebuilt_optimizer`), the hand-over (the built
-optimizer takes the user's optimizer state, a resumed or second fit's, and LR scheduler when the fit starts, and at
-its end the user's net and optimizer get the trained weights and state back), and for the strategies whose trained
-state may be too big for one rank (`ShardedState`: DTensor's, DeepSpeed) the evaluation copy, the sharded
-checkpoint and the `hand_back` flag.
+"""`ShardingStrategy`, the base of the memory-sharded strategies (FSDP, tensor parallel, DeepSpeed, ZeRO, FairScale,
+pipeline): each trains with an optimizer it builds over the parameters it shards, partitions or wraps. What they share
+with data parallelism (ranks, samplers, the process group, the launch) is their common base's, ParallelStrategy; what
+they share with one another is written here once: the user's optimizer rebuilt over the new parameters
+(`rebuilt_optimizer`), the hand-over (the built optimizer takes the user's optimizer state, a resumed or second fit's,
+and LR scheduler when the fit starts, and at its end the user's net and optimizer get the trained weights and state
+back), and for a backend whose trained state may be too big for one rank (`STATE_FORMATS` with "sharded": DTensor's,
+DeepSpeed) the evaluation copy and the sharded checkpoint.
 
 A subclass builds its optimizer in `setup` (its own sharding), sets its fit state (a `ShardedFit`, which holds that
 optimizer and the scheduler) and passes the user's optimizer to `take_over_optimizer`; it says how the trained
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from easyfit.distributed.strategies.base import FitState
+from easyfit.distributed.strategies.parallel import ParallelStrategy
 from easyfit.distributed.strategy_parts.sharding import (
     directory_outside_fit,
     move_scheduler,
@@ -28,8 +30,8 @@ from easyfit.distributed.strategy_parts.sharding import (
     rebuild_optimizer,
 )
 
-#: the checkpoint formats of `ShardedState`: one consolidated file, or a directory each rank writes its shards to
-STATE_FORMATS = ("full", "sharded")
+#: the checkpoint formats: one consolidated file, or a directory each rank writes its shards to
+FULL, SHARDED = "full", "sharded"
 
 
 @dataclass
@@ -41,13 +43,30 @@ class ShardedFit(FitState):
     scheduler: Any
 
 
-class ShardedTraining:
-    """Mixed into a Strategy: the rebuilt optimizer, and the hand-over of the optimizer, scheduler and weights around
-    a sharded fit."""
+class ShardingStrategy(ParallelStrategy):
+    """A strategy that trains with an optimizer it builds over the parameters it shards, and hands the trained state
+    back at the end of fit. A backend whose trained state may be too big for one rank also says which net is the
+    running fit's sharded one (`trains_net`), how a plain copy of it is made (`gathered_copy`) and how its shards are
+    written and read (`save_shards`, `load_shards`), and lists "sharded" in its `STATE_FORMATS`.
 
-    #: put the full trained weights and optimizer state into the user's net and optimizer at the end of fit (a
-    #: subclass may let the user turn it off for nets too big to gather on one rank)
-    hand_back = True
+    Args:
+        state_dict_type: "full" (checkpoints are one consolidated file) or, where the backend writes it, "sharded" (a
+            directory each rank writes its shards to; for nets too big to gather on one rank).
+        hand_back: put the full trained weights and optimizer state into the user's net and optimizer at the end of
+            fit (False for nets too big to gather on one rank: save a sharded checkpoint instead).
+        start_method, and the placement options: ParallelStrategy's.
+    """
+
+    #: the checkpoint formats this backend writes (`state_dict_type`)
+    STATE_FORMATS = (FULL,)
+
+    def __init__(self, *, state_dict_type: str = FULL, hand_back: bool = True, start_method: str | None = "popen",
+                 **placement):
+        super().__init__(start_method=start_method, **placement)
+        if state_dict_type not in self.STATE_FORMATS:
+            raise ValueError(f"state_dict_type must be one of {', '.join(self.STATE_FORMATS)}, got "
+                             f"{state_dict_type!r}")
+        self.state_dict_type, self.hand_back = state_dict_type, hand_back
 
     @staticmethod
     def rebuilt_optimizer(optimizer: torch.optim.Optimizer, user_net: torch.nn.Module | None = None,
@@ -91,32 +110,11 @@ class ShardedTraining:
         """The trained optimizer state in the plain optimizer's format, whole, on every rank."""
         return self.optimizer_state(optimizer)
 
-
-class ShardedState(ShardedTraining):
-    """A sharded strategy whose trained state may be too big for one rank. Its backend says which net is the
-    running fit's sharded one (`trains_net`), how a plain copy of it is made (`gathered_copy`) and how its shards are
-    written and read (`save_shards`, `load_shards`).
-
-    Args:
-        state_dict_type: "full" (checkpoints are one consolidated file) or "sharded" (a directory each rank writes
-            its shards to; for nets too big to gather on one rank).
-        hand_back: put the full trained weights into the user's net at the end of fit (False for nets too big to
-            gather on one rank: save a sharded checkpoint instead).
-    """
-
-    #: the running fit's net holds parameter shards, so its forward is a collective (False: whole parameters)
-    shards_parameters = True
-
-    def __init__(self, *args, state_dict_type: str = "full", hand_back: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        if state_dict_type not in STATE_FORMATS:
-            raise ValueError(f"state_dict_type must be one of {', '.join(STATE_FORMATS)}, got {state_dict_type!r}")
-        self.state_dict_type, self.hand_back = state_dict_type, hand_back
-
     # --- evaluation -----------------------------------------------------------------
     def trains_net(self, net: torch.nn.Module) -> bool:
-        """The backend's: whether `net` is the running fit's sharded net (not the user's, nor one outside a fit)."""
-        raise NotImplementedError
+        """Whether `net` is the running fit's sharded net (not the user's, nor one outside a fit), of which
+        validation runs a gathered copy (`module_for_eval`); none here."""
+        return False
 
     def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
         """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
@@ -149,7 +147,7 @@ class ShardedState(ShardedTraining):
     def save_checkpoint(self, path: str, state: dict) -> None:
         """"full": one file written by rank 0. "sharded" (inside a fit): a directory each rank writes its shards to
         (`save_shards`)."""
-        if self.state_dict_type == "full" or not isinstance(self.fit_state, ShardedFit):
+        if self.state_dict_type == FULL or not isinstance(self.fit_state, ShardedFit):
             return super().save_checkpoint(path, state)
         self.save_shards(path, state)
 
@@ -163,7 +161,7 @@ class ShardedState(ShardedTraining):
 
     def load_checkpoint(self, path: str) -> dict:
         """Either format; a sharded directory inside a fit only, whose net and optimizer its shards load into."""
-        if not os.path.isdir(path):
+        if not os.path.isdir(path) or SHARDED not in self.STATE_FORMATS:
             return super().load_checkpoint(path)
         if not isinstance(self.fit_state, ShardedFit):
             raise directory_outside_fit(path, *self.sharded_folder())

@@ -1,5 +1,6 @@
 """One process, one device."""
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.capabilities import Capabilities
 
 
 class SingleDeviceStrategy(Strategy):
@@ -7,8 +8,7 @@ class SingleDeviceStrategy(Strategy):
     rank alone (rank-local work), so it is not checked against the launcher's processes."""
 
     name = "single"
-    uses_launcher_processes = False
-    supports_compile = True
+    capabilities = Capabilities(uses_launcher_processes=False, supports_compile=True)
 
     def check_call(self, call) -> None:
         if len(call.devices) > 1 or call.num_nodes > 1:

@@ -90,12 +90,12 @@ class ModelParallelStrategy(DTensorStrategy):
             refuses it; a callable plan applies its own styles.
         loss_parallel: the cross-entropy is computed on logits split over the classes, never gathered (torch's
             loss_parallel); the plan's last split must be the output layer, column-wise.
-        state_dict_type, hand_back: see DTensorStrategy.
+        state_dict_type, hand_back, start_method, placement: see ShardingStrategy.
     """
 
-    def __init__(self, *args, tensor_parallel_size="auto", data_parallel_size="auto", plan="auto",
-                 sequence_parallel: bool = False, loss_parallel: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, tensor_parallel_size="auto", data_parallel_size="auto", plan="auto",
+                 sequence_parallel: bool = False, loss_parallel: bool = False, **options):
+        super().__init__(**options)
         check_size(tensor_parallel_size, "tensor_parallel_size")
         check_size(data_parallel_size, "data_parallel_size")
         if not (plan == "auto" or isinstance(plan, dict) or callable(plan)):

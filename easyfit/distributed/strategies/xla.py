@@ -14,7 +14,7 @@ import copy
 import importlib.metadata
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch
 from easyfit.data.contents import move_to_device
 from easyfit.distributed.collectives import XlaCollectives
 from easyfit.distributed.strategies.base import CallState, FitState, Strategy
+from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -84,9 +85,8 @@ class XLAStrategy(Strategy):
     """One XLA device in this process (devices=1), or one process per device of this host (torch_xla.launch)."""
 
     name = "xla"
-    plain_optimizer_step = False   # xm.optimizer_step, which reduces the gradients
-    uses_launcher_processes = False
-    sums_losses_per_step = True
+    #: xm.optimizer_step reduces the gradients; graphs are compiled per shape, so each step's loss is summed at once
+    capabilities = Capabilities(plain_optimizer_step=False, uses_launcher_processes=False, sums_losses_per_step=True)
 
     def __init__(self):
         require_torch_xla()
@@ -100,12 +100,9 @@ class XLAStrategy(Strategy):
         devices = parallel_devices or [torch.device("xla", 0)]
         self.all_devices = len(devices) > 1 or devices[0].index is None
         self.device_count = None if devices[0].index is None else len(devices)
+        self.capabilities = replace(self.capabilities, starts_processes=self.all_devices)
 
     # --- what the connector checks ------------------------------------------------------
-    @property
-    def starts_processes(self) -> bool:
-        return self.all_devices
-
     def check_call(self, call) -> None:
         if call.num_nodes > 1:
             raise ValueError("strategy='xla' takes the hosts of a TPU pod from torch_xla, not from num_nodes: start "
@@ -197,7 +194,7 @@ class XLAStrategy(Strategy):
         if isinstance(fit, XLAFit):
             move(fit.net, fit.optimizer, CPU)
         from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
-        share_rank_zero_buffers(self, user_net)   # the same net on every replica (see MultiProcessStrategy.end_fit)
+        share_rank_zero_buffers(self, user_net)   # the same net on every replica (see ParallelStrategy.end_fit)
         super().end_fit(user_net, user_optimizer, net, optimizer)
 
     def teardown(self) -> None:
