@@ -215,17 +215,21 @@ def test_a_strategy_that_cannot_resize_is_refused_before_ray_starts(strategy, wh
     assert ray.is_initialized() == joined   # no cluster was joined or started for it
 
 
-def test_devices_or_num_nodes_that_fix_the_workers_of_an_elastic_fit_are_refused():
+def test_devices_num_nodes_sharded_fsdp_or_no_checkpoint_are_refused_for_an_elastic_fit():
     with pytest.raises(ValueError, match=r"devices=2 × num_nodes=1 asks for 2 workers, but launcher=Ray\(num_workers="
                                          r"\(1, 3\)\) takes between 1 and 3.*leave devices and num_nodes out"):
         model().fit(*make_data(), devices=2, strategy="ddp", launcher=Ray(num_workers=(1, 3)))
+    with pytest.raises(ValueError, match=r"strategy='fsdp' cannot change .* not from the per-worker shards that "
+                                         r"state_dict_type='sharded' writes"):
+        model().fit(*make_data(), strategy=easyfit.strategies.FSDP(state_dict_type="sharded"),
+                    launcher=Ray(num_workers=(1, 3)))
     with pytest.raises(ValueError, match="fault_tolerance=False turns off the checkpoint"):
         model().fit(*make_data(), strategy="ddp", fault_tolerance=False, launcher=Ray(num_workers=(1, 3)))
 
 
 def test_a_min_the_cluster_cannot_hold_is_refused_naming_both(cluster):
-    with pytest.raises(ValueError, match=r"Ray\(num_workers=\(2, 3\)\) starts once 2 workers × 1 CPU = 2 CPU can be "
-                                         r"placed, but the Ray cluster has 1 CPU in all: lower min to 1"):
+    with pytest.raises(ValueError, match=r"Ray\(num_workers=\(2, 3\)\) starts once it can place 2 workers × 1 CPU = "
+                                         r"2 CPU, but the Ray cluster has 1 CPU: lower min to 1"):
         model().fit(*make_data(), strategy="ddp", launcher=Ray(num_workers=(2, 3)))
 
 

@@ -70,17 +70,6 @@ def elastic_restarts(max_restarts: int) -> int:
     return max_restarts or ELASTIC_MAX_RESTARTS
 
 
-def check_min_fits(options: Ray, resources: dict, cluster: dict) -> None:
-    """Refuse a `min` that the cluster cannot place (Ray would wait for it forever)."""
-    low, high = options.num_workers
-    for name, each in resources.items():
-        needed, available = low * each, cluster.get(name, 0)
-        if needed > available:
-            raise ValueError(f"launcher=Ray(num_workers=({low}, {high})) starts once {low} workers × {each:g} {name} "
-                             f"= {needed:g} {name} can be placed, but the Ray cluster has {available:g} {name} in all: "
-                             f"lower min to {int(available // each)} or less, or add nodes to the cluster first.")
-
-
 def check_elastic_data(ray_dataset: bool) -> None:
     """Refuse a `ray.data.Dataset` to train on: Ray Data streams it in its own order, which a resized group cannot
     continue where the last one stopped."""

@@ -22,7 +22,6 @@ from easyfit.distributed.launchers.ray_elastic import (
     check_elastic_data,
     check_elastic_strategy,
     check_elastic_workers,
-    check_min_fits,
     elastic_fit_options,
     elastic_restarts,
 )
@@ -64,7 +63,7 @@ class RayLauncher(Launcher):
         join_cluster(ray, self.options)
         use_gpu = self._use_gpu(ray)
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
-        self._check_cluster_fits(resources, ray.cluster_resources())
+        check_cluster_fits(self.options, self.num_workers, resources, ray.cluster_resources())
         name = f"easyfit-{plan.kind.name}-{uuid.uuid4().hex[:12]}"
         payload = ray.put((function, plan, model, inputs, self.worker_plan))   # read by every worker
         box = mailbox(ray)
@@ -90,12 +89,6 @@ class RayLauncher(Launcher):
             return inputs
         check_elastic_data(is_ray_data(inputs.get("x")))
         return {**inputs, "options": elastic_fit_options(inputs["options"], self.max_restarts)}
-
-    def _check_cluster_fits(self, resources: dict, cluster: dict) -> None:
-        if self.options.elastic:
-            check_min_fits(self.options, resources, cluster)
-        else:
-            check_cluster_fits(self.num_workers, resources, cluster)
 
     def _scaling_config(self, use_gpu: bool, resources: dict):
         from ray.train import ScalingConfig
@@ -244,14 +237,20 @@ def worker_resources(given: dict | None, use_gpu: bool) -> dict:
     return resources
 
 
-def check_cluster_fits(num_workers: int, resources: dict, cluster: dict) -> None:
-    """Refuse more workers than the cluster can place at once (Ray would wait for them forever)."""
+def check_cluster_fits(options: Ray, num_workers: int, resources: dict, cluster: dict) -> None:
+    """Refuse more workers than the cluster can place at once (Ray would wait for them forever): an elastic fit's
+    `min`, else all of them."""
+    asked = options.num_workers[0] if options.elastic else num_workers
     for name, each in resources.items():
-        needed, available = num_workers * each, cluster.get(name, 0)
-        if needed > available:
-            raise ValueError(f"launcher='ray' needs {num_workers} workers × {each:g} {name} = {needed:g} {name}, but "
-                             f"the Ray cluster has {available:g} {name}: ask for fewer devices / num_nodes (or "
-                             f"Ray(num_workers=..., resources_per_worker=...)), or add nodes to the cluster.")
+        needed, available = asked * each, cluster.get(name, 0)
+        if needed <= available:
+            continue
+        counted = f"{asked} workers × {each:g} {name} = {needed:g} {name}, but the Ray cluster has {available:g} {name}"
+        if options.elastic:
+            raise ValueError(f"launcher=Ray(num_workers={options.num_workers}) starts once it can place {counted}: "
+                             f"lower min to {int(available // each)} or less, or add nodes to the cluster first.")
+        raise ValueError(f"launcher='ray' needs {counted}: ask for fewer devices / num_nodes (or "
+                         f"Ray(num_workers=..., resources_per_worker=...)), or add nodes to the cluster.")
 
 
 def worker_failure(error: Exception, tracebacks: dict[int, str]) -> RankFailedError:
