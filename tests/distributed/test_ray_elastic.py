@@ -227,6 +227,13 @@ def test_devices_num_nodes_sharded_fsdp_or_no_checkpoint_are_refused_for_an_elas
         model().fit(*make_data(), strategy="ddp", fault_tolerance=False, launcher=Ray(num_workers=(1, 3)))
 
 
+def test_a_ray_train_without_elastic_worker_groups_is_refused_with_the_pip_line(monkeypatch):
+    from ray.train import ScalingConfig
+    monkeypatch.delattr(ScalingConfig, "elasticity_enabled")
+    with pytest.raises(ImportError, match=r"an elastic fit needs Ray Train's elastic worker groups .*pip install"):
+        model().fit(*make_data(), strategy="ddp", launcher=Ray(num_workers=(1, 3)))
+
+
 def test_a_min_the_cluster_cannot_hold_is_refused_naming_both(cluster):
     with pytest.raises(ValueError, match=r"Ray\(num_workers=\(2, 3\)\) starts once it can place 2 workers × 1 CPU = "
                                          r"2 CPU, but the Ray cluster has 1 CPU: lower min to 1"):

@@ -3,11 +3,11 @@ workers can be placed, takes up to `max`, and restarts it on another number of w
 every new group continues from easyfit's fault-tolerance checkpoint in the run's storage path, on the new world
 (easyfit.distributed.fault_tolerance: the data re-sharded by its global order, the LR re-scaled).
 
-Here: what an elastic call must satisfy, checked before Ray starts, and the Ray settings it runs with. Nothing here
-imports Ray."""
+Here: what an elastic call must satisfy, checked before Ray starts, and the settings it runs with. Only
+`check_elastic_ray` imports Ray."""
 from __future__ import annotations
 
-from easyfit.distributed.launcher_choice import Ray
+from easyfit.distributed.launcher_choice import RAY_INSTALL, Ray
 
 #: an elastic fit's fault-tolerance checkpoint is written every this many optimizer steps (and at every epoch end)
 #: unless `fault_tolerance_every_n_steps` says otherwise: a resize trains again at most these steps
@@ -78,3 +78,13 @@ def check_elastic_data(ray_dataset: bool) -> None:
                          "order, which a ray.data.Dataset streamed by Ray Data does not have: pass arrays, "
                          "tensors or a torch Dataset (e.g. the dataset's columns read into arrays), "
                          "or give a fixed Ray(num_workers=N)")
+
+
+def check_elastic_ray() -> None:
+    """Refuse an elastic fit on a Ray Train without elastic worker groups."""
+    import ray
+    from ray.train import ScalingConfig
+    if not hasattr(ScalingConfig, "elasticity_enabled"):
+        raise ImportError(f"an elastic fit needs Ray Train's elastic worker groups (ScalingConfig(num_workers=(min, "
+                          f"max))), which Ray {ray.__version__} does not have: upgrade Ray ({RAY_INSTALL} -U), or "
+                          "give a fixed Ray(num_workers=N)")

@@ -20,6 +20,7 @@ from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.launchers.failures import RankFailedError, root_cause
 from easyfit.distributed.launchers.ray_elastic import (
     check_elastic_data,
+    check_elastic_ray,
     check_elastic_strategy,
     check_elastic_workers,
     elastic_fit_options,
@@ -60,6 +61,8 @@ class RayLauncher(Launcher):
 
         from easyfit.data.ray_dataset import hand_to_ray
         inputs, datasets, dataset_config = hand_to_ray(inputs, plan.kind.trains)
+        if self.options.elastic:
+            check_elastic_ray()
         join_cluster(ray, self.options)
         use_gpu = self._use_gpu(ray)
         resources = worker_resources(self.options.resources_per_worker, use_gpu)
