@@ -76,8 +76,9 @@ class Recorder(nn.Module):
 
 class Resizes(Callback):
     """Rank 0 asks the test for a node (epoch 2 begins on one worker) and for the node to go (before step 5 of
-    epoch 2 on two workers, after the checkpoint of step 4), once each; every worker then waits to be stopped by the
-    resize. Every worker of every attempt leaves its process id, and each step's (world, epoch, step, samples)."""
+    epoch 2 on two workers, after the checkpoint of step 4); every worker then waits to be stopped by the resize,
+    unless the test marked that resize done (before it changed the cluster: this is the resized group). Every worker
+    of every attempt leaves its process id, and each step's (world, epoch, step, samples)."""
 
     may_stop_training = False
 
@@ -103,11 +104,10 @@ class Resizes(Callback):
             file.write(f"{self.world} {self.epoch} {batch} {samples}\n")
 
     def resize(self, signal: str) -> None:
-        path = Path(self.folder, signal)
-        if path.exists():   # asked for and done: this is the resized group
+        if Path(self.folder, f"{signal}-done").exists():   # this is the resized group
             return
         if self.model.global_rank == 0:
-            path.touch()
+            Path(self.folder, signal).touch()
         deadline = time.monotonic() + WAIT_SECONDS
         while time.monotonic() < deadline:   # Ray's resize ends this process
             time.sleep(0.05)
@@ -183,8 +183,10 @@ def fit_while_resizing(cluster, folder: Path, strategy) -> tuple[easyfit.Model, 
     thread.start()
     try:
         assert wait_for((folder / "grow").exists, WAIT_SECONDS, thread), outcome.get("error")
+        (folder / "grow-done").touch()   # for the group that the new node makes
         node = cluster.add_node(num_cpus=1)
         assert wait_for((folder / "shrink").exists, WAIT_SECONDS, thread), outcome.get("error")
+        (folder / "shrink-done").touch()
         cluster.remove_node(node)
     finally:
         thread.join(timeout=WAIT_SECONDS)

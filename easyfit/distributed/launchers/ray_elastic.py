@@ -16,9 +16,10 @@ ELASTIC_EVERY_N_STEPS = 50
 ELASTIC_MAX_RESTARTS = 5
 #: the strategies whose checkpoint a group of another size loads: the whole net and optimizer state on every worker
 #: (ddp; "auto", which is ddp on several workers and one process on one), or gathered whole and re-sharded (fsdp)
-RESIZABLE = ("auto", "single", "ddp", "fsdp", "fsdp_cpu_offload")
+RESIZABLE = ("auto", "ddp", "fsdp", "fsdp_cpu_offload")
 #: why the others cannot continue on another number of workers
 CANNOT_RESIZE = {
+    "single": "it trains in one process, and an elastic fit's workers are one process group of a varying size",
     "tp": "tensor parallelism splits every layer over exactly the workers it started with",
     "fsdp_tp": "its tensor-parallel groups are pairs of workers, which an odd number of workers cannot form",
     "pipeline": "its stages are the workers: another number of workers is another split of the net, and the stages' "
