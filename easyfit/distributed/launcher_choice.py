@@ -55,7 +55,8 @@ class Ray:
         elif self.num_workers is not None and not _positive_int(self.num_workers):
             raise ValueError("Ray(num_workers=...) must be a positive integer, a (min, max) pair of them for an "
                              f"elastic fit, or None; got {self.num_workers!r}")
-        if self.resize_check_s is not None and not (self.elastic and self.resize_check_s >= 0):
+        seconds = self.resize_check_s
+        if seconds is not None and not (self.elastic and isinstance(seconds, (int, float)) and seconds >= 0):
             raise ValueError(f"Ray(resize_check_s={self.resize_check_s!r}) is the seconds between an elastic fit's "
                              "checks for more workers: give num_workers=(min, max) and a number >= 0, or leave it out")
         if self.use_gpu not in (None, True, False):
@@ -63,7 +64,6 @@ class Ray:
         for name in ("resources_per_worker", "runtime_env"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 raise TypeError(f"Ray({name}=...) must be a dict or None, got {type(getattr(self, name)).__name__}")
-
 
     @property
     def elastic(self) -> bool:

@@ -204,6 +204,12 @@ def test_an_elastic_range_that_is_not_one_is_refused(num_workers, error):
         Ray(num_workers=num_workers)
 
 
+@pytest.mark.parametrize("options", [{"resize_check_s": 1}, {"num_workers": (1, 3), "resize_check_s": -1}])
+def test_resize_check_s_is_an_elastic_fits_number_of_seconds(options):
+    with pytest.raises(ValueError, match=r"is the seconds between an elastic fit's checks for more workers"):
+        Ray(**options)
+
+
 @pytest.mark.parametrize("strategy, why", [
     ("tp", "splits every layer over exactly the workers it started with"),
     ("pipeline", "its stages are the workers"),
