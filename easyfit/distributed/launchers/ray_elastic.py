@@ -15,8 +15,10 @@ ELASTIC_EVERY_N_STEPS = 50
 #: the worker groups an elastic fit may lose (a node gone, a worker killed) when `max_restarts` gives no number
 ELASTIC_MAX_RESTARTS = 5
 #: the strategies whose checkpoint a group of another size loads: the whole net and optimizer state on every worker
-#: (ddp; "auto", which is ddp on several workers and one process on one), or gathered whole and re-sharded (fsdp)
-RESIZABLE = ("auto", "ddp", "fsdp", "fsdp_cpu_offload")
+#: (ddp; "auto", which is ddp on several workers and one process on one), the optimizer state consolidated on saving
+#: and partitioned again on loading (zero, ddp_sharded), or re-sharded on loading (fsdp, its whole checkpoint or its
+#: sharded one)
+RESIZABLE = ("auto", "ddp", "fsdp", "fsdp_cpu_offload", "zero", "ddp_sharded")
 #: why the others cannot continue on another number of workers
 CANNOT_RESIZE = {
     "single": "it trains in one process, and an elastic fit's workers are one process group of a varying size",
@@ -26,11 +28,7 @@ CANNOT_RESIZE = {
                 "optimizer states would not follow",
     "deepspeed": "a DeepSpeed ZeRO checkpoint holds one optimizer partition per worker, which only as many workers "
                  "load",
-    "zero": "ZeroRedundancyOptimizer's state is partitioned by the number of workers that wrote it",
-    "ddp_sharded": "fairscale's sharded optimizer state is partitioned by the number of workers that wrote it",
 }
-SHARDED_FSDP = ("an elastic fit continues fsdp from its whole (gathered) checkpoint, not from the per-worker shards "
-                "that state_dict_type='sharded' writes; use easyfit.strategies.FSDP(state_dict_type='full')")
 
 
 def check_elastic_workers(options: Ray, devices: int, num_nodes: int) -> None:
@@ -46,13 +44,12 @@ def check_elastic_workers(options: Ray, devices: int, num_nodes: int) -> None:
 def check_elastic_strategy(strategy) -> None:
     """Refuse a strategy whose fit cannot continue on another number of workers, saying why."""
     name = str(strategy or "auto").lower() if strategy is None or isinstance(strategy, str) else strategy.name
-    if name in RESIZABLE and getattr(strategy, "state_dict_type", "full") != "sharded":
+    if name in RESIZABLE:
         return
-    reason = SHARDED_FSDP if name in RESIZABLE else CANNOT_RESIZE.get(name.split("_stage")[0],
-                                                                      "it is not one that easyfit resizes")
+    reason = CANNOT_RESIZE.get(name.split("_stage")[0], "it is not one that easyfit resizes")
     raise ValueError(f"strategy={name!r} cannot change its number of workers mid-fit, which an elastic fit "
-                     f"(launcher=Ray(num_workers=(min, max))) does on every resize: {reason}. Use strategy='ddp' or "
-                     "'fsdp' for an elastic fit, or a fixed Ray(num_workers=N) with this strategy.")
+                     f"(launcher=Ray(num_workers=(min, max))) does on every resize: {reason}. Use strategy='ddp', "
+                     "'fsdp', 'zero' or 'ddp_sharded' for an elastic fit, or a fixed Ray(num_workers=N) with this strategy.")
 
 
 def elastic_fit_options(options, max_restarts: int):
