@@ -49,7 +49,8 @@ def check_elastic_strategy(strategy) -> None:
     reason = CANNOT_RESIZE.get(name.split("_stage")[0], "it is not one that easyfit resizes")
     raise ValueError(f"strategy={name!r} cannot change its number of workers mid-fit, which an elastic fit "
                      f"(launcher=Ray(num_workers=(min, max))) does on every resize: {reason}. Use strategy='ddp', "
-                     "'fsdp', 'zero' or 'ddp_sharded' for an elastic fit, or a fixed Ray(num_workers=N) with this strategy.")
+                     "'fsdp', 'zero' or 'ddp_sharded' for an elastic fit, or a fixed Ray(num_workers=N) with this "
+                     "strategy.")
 
 
 def elastic_fit_options(options, max_restarts: int):
