@@ -81,7 +81,7 @@ class DDPStrategy(ParallelStrategy):
                                          model_averaging_warmup)
         if self.communication.active:   # the compiled graphs do not cover a hook's state and optimizer wrapper
             self.capabilities = replace(self.capabilities, supports_compile=False)
-        self.name = name or self.NAMES[start_method]
+        self.name = name or self.NAMES[start_method or "popen"]
 
     def compile_context(self) -> contextlib.AbstractContextManager:
         """dynamo's DDP optimizer: the compiled graph is split at DDP's bucket boundaries, so each bucket's
