@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,22 @@ import torch
 from nets import tiny_net
 
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare, available_cores
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The session's local Ray cluster (tests/ray_cluster.py)."""
+    from ray_cluster import session_cluster
+    yield from session_cluster()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands out whole modules (`--dist loadscope`), the longest first, and the tests on the session's
+    Ray cluster as one (tests/work_units.py)."""
+    if config.getvalue("dist") == "loadscope":
+        from work_units import WorkUnits
+        return WorkUnits(config, log)
+    return None
 
 
 @pytest.fixture
@@ -41,6 +59,22 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER") and getattr(main, "__file__", None) is None:
         main.__file__ = str(Path(pytest.__file__).with_name("__main__.py"))
     share_the_cores()
+    own_ray_folder(config)
+
+
+def own_ray_folder(config) -> None:
+    """Each pytest process that runs tests (and what it starts) keeps its Ray clusters in a folder of its own: Ray's
+    `ray.init()` joins the cluster named in the default folder's `ray_current_cluster`, which a multi-node test
+    cluster of another pytest-xdist worker writes there, so a worker's own local cluster could not start beside it.
+    A folder the user chose (RAY_TMPDIR) is kept."""
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if not controller and "RAY_TMPDIR" not in os.environ:
+        os.environ["RAY_TMPDIR"] = config.ray_folder = tempfile.mkdtemp(prefix="ray-")
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "ray_folder"):
+        shutil.rmtree(config.ray_folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,43 +1,20 @@
-"""What the Ray test modules share: one local Ray cluster per module (2 CPUs, no dashboard), the data, the net and
-plain PyTorch on the combined batch they are compared with."""
+"""What the Ray test modules share: the session's local Ray cluster (two nodes of one CPU, tests/ray_cluster.py), the
+data, the net and plain PyTorch on the combined batch they are compared with."""
 from __future__ import annotations
-
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from ray_cluster import joined
 from torch import nn
 
 SAMPLES, BATCH, LR, EPOCHS = 40, 8, 0.1, 3
 
 
-def start_cluster(module_name: str, nodes: int = 1):
-    """A module fixture's body: a local cluster of 2 CPUs for the module's tests (one node, or `nodes` of one CPU
-    each on this machine, as Ray's own tests make them), shut down at its end; the test module's own classes and
-    functions travel to the workers by value (they are not importable there)."""
-    ray = pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
-    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
-    from ray import cloudpickle
-    from ray.cluster_utils import Cluster
-    cloudpickle.register_pickle_by_value(sys.modules[module_name])
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    cluster = None
-    if nodes == 1:
-        ray.init(num_cpus=2, include_dashboard=False)
-    else:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-        for _ in range(nodes - 1):
-            cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
+def on_the_cluster(module_name: str, ray_cluster):
+    """A module fixture's body: the module's tests join the session's Ray cluster (tests/ray_cluster.py); its own
+    classes and functions, and this module's, travel to the workers by value."""
+    yield from joined(ray_cluster, module_name, __name__)
 
 
 def make_data(samples: int = SAMPLES):

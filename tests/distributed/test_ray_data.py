@@ -1,11 +1,11 @@
-"""Ray Data as a batch source, and `model.fit` inside a user's own Ray Train `TorchTrainer`, on a real local Ray
-cluster (one for the module): a Dataset fits, evaluates exactly and predicts in order as the same data given as
+"""Ray Data as a batch source, and `model.fit` inside a user's own Ray Train `TorchTrainer`, on a real local Ray cluster
+(the session's, tests/ray_cluster.py): a Dataset fits, evaluates exactly and predicts in order as the same data given as
 tensors does; a fit in a user's train function joins the process group Ray made, as under torchrun."""
 from __future__ import annotations
 
 import pytest
 import torch
-from ray_common import LR, assert_like_plain, make_data, make_net, plain_fit, start_cluster
+from ray_common import LR, assert_like_plain, make_data, make_net, on_the_cluster, plain_fit
 
 import easyfit
 
@@ -14,8 +14,8 @@ ROWS, ODD_ROWS = 40, 37
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    yield from start_cluster(__name__)
+def cluster(ray_cluster):
+    yield from on_the_cluster(__name__, ray_cluster)
 
 
 def items(x, y) -> list[dict]:

@@ -1,6 +1,6 @@
-"""launcher="ray": the call runs as a Ray Train TorchTrainer of 2 CPU workers on a real local Ray cluster (one for
-the module); the caller gets the History, the trained weights, the callbacks' state, evaluate's and predict's results,
-and a failing worker's own traceback. Checks that need no Ray Train run (the refusals) come first."""
+"""launcher="ray": the call runs as a Ray Train TorchTrainer of 2 CPU workers on a real local Ray cluster (the
+session's, tests/ray_cluster.py); the caller gets the History, the trained weights, the callbacks' state, evaluate's and
+predict's results, and a failing worker's own traceback. Checks that need no Ray Train run (the refusals) come first."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from ray_common import BATCH, EPOCHS, LR, assert_like_plain, make_data, make_net, plain_fit, start_cluster
+from ray_common import BATCH, EPOCHS, LR, assert_like_plain, make_data, make_net, on_the_cluster, plain_fit
 
 import easyfit
 from easyfit.callbacks import Callback
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    yield from start_cluster(__name__)
+def cluster(ray_cluster):
+    yield from on_the_cluster(__name__, ray_cluster)
 
 
 def model():

@@ -1,11 +1,11 @@
-"""launcher="ray" over two Ray nodes on this machine (a head and a second node of one CPU each, as Ray's own
-`cluster_utils.Cluster` makes them): num_nodes=2 spreads the workers, one on each, and the fit equals plain PyTorch on
-the combined batch, as the one-node run does (test_ray_launcher.py)."""
+"""launcher="ray" over two Ray nodes on this machine (the session's cluster, tests/ray_cluster.py: a head and a second
+node of one CPU each, as Ray's own `cluster_utils.Cluster` makes them): num_nodes=2 spreads the workers, one on each,
+and the fit equals plain PyTorch on the combined batch, as the one-node run does (test_ray_launcher.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from ray_common import BATCH, EPOCHS, LR, assert_like_plain, make_data, make_net, plain_fit, start_cluster
+from ray_common import BATCH, EPOCHS, LR, assert_like_plain, make_data, make_net, on_the_cluster, plain_fit
 
 import easyfit
 from easyfit.callbacks import Callback
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
-    yield from start_cluster(__name__, nodes=2)
+def two_nodes(ray_cluster):
+    yield from on_the_cluster(__name__, ray_cluster)
 
 
 class WhereAmI(Callback):

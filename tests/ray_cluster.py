@@ -1,0 +1,52 @@
+"""The test session's one local Ray cluster: two nodes of one CPU each on this machine (as Ray's own
+`cluster_utils.Cluster` makes them, no dashboard), started by the first test that asks for it and shut down at the
+session's end. The tests that use it run on one pytest-xdist worker, one after the other (tests/work_units.py), so
+each finds the cluster's CPUs free; starting a cluster costs 15-30 s of a 2-core machine, once instead of once a
+module."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+#: the tests on the session's cluster: whole modules, or one test of a module
+RAY_TESTS = ("tests/distributed/test_ray_launcher.py", "tests/distributed/test_ray_data.py",
+             "tests/distributed/test_ray_nodes.py",
+             "tests/test_examples.py::test_ray_cluster_example_fits_on_a_ray_cluster_and_asha_stops_a_bad_trial")
+
+
+def uses_the_cluster(nodeid: str) -> bool:
+    return any(nodeid == test or nodeid.startswith(f"{test}::") for test in RAY_TESTS)
+
+
+def session_cluster():
+    """The session fixture's body: the cluster (`Cluster.address` for a process that joins it)."""
+    pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
+    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
+    from ray.cluster_utils import Cluster
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray Train's controller looks at its workers every 2 s by default, so a run's end waits a second on average
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def joined(cluster, *module_names: str):
+    """A module fixture's body: this process joins the cluster (`ray.init`) for the module's tests and leaves it at
+    the module's end (a test module with a cluster of its own starts one beside it); the modules' own classes and
+    functions travel to Ray's workers by value (they are not importable there)."""
+    import ray
+    from ray import cloudpickle
+    for name in module_names:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
+    ray.init(address=cluster.address)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
