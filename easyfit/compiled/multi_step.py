@@ -308,4 +308,3 @@ class FusedTraining:
                 self.programs[key] = self.build(key, type(loop.optimizer), self.names)
             program = self.found[pattern, settings, weighted, trainable] = self.programs[key]
         return program
-

@@ -217,5 +217,3 @@ def logging_left_out():
 
 #: the `logging.Logger` methods (and those whose name starts with one, such as `warning_once`) that log a message
 LOGGING_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
-
-
