@@ -21,6 +21,7 @@ def ray_cluster():
     yield from session_cluster()
 
 
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's: run without it (-p no:xdist), pytest has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist hands out whole modules (`--dist loadscope`), the longest first, and the tests on the session's
     Ray cluster as one (tests/work_units.py)."""
