@@ -6,12 +6,18 @@ spine call, the calls its caller made into other easyfit modules (the steps it t
 modules passed, the calls into a module the path had already left (a doubling back), and the entries into such a
 module by a call or a return alike. Last, the modules the call's plan enters (`plan_call` and every easyfit call
 under it, the helpers of `easyfit/utils/` and property reads left out): the checks made before any process starts.
+Then the whole trace, nothing left out but `easyfit/utils/` (a call through a helper of utils/ counts as a call from
+its caller): every call from one easyfit module into another on the way to the first optimizer step, the plan's and
+property reads included; the modules entered, the calls between modules and the re-entries (calls into a module the
+trace entered before), and the modules by the calls into them.
 
     python scripts/fit_path.py            # the list and the counts
     python scripts/fit_path.py --counts   # the counts alone
+    python scripts/fit_path.py --single   # a fit in one process (the numbered list is a ddp fit's)
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -130,6 +136,29 @@ def plan_modules(recorder: Recorder) -> list[str]:
     return sorted(modules(plan)) if plan is not None else []
 
 
+def crossings(call: Call, module: str | None = None) -> list[str]:
+    """The modules entered by every call between two easyfit modules under `call`, in order (a helper of utils/ is
+    part of its caller). A function one call runs again and again (a loop: the polls of the ranks' readiness, whose
+    number is a matter of timing) counts at its first run."""
+    entered, seen = [], set()
+    for inner in call.calls:
+        if inner.code in seen:
+            continue
+        seen.add(inner.code)
+        inner_module = module if inner.module.startswith("utils/") else inner.module
+        if inner_module != module and inner_module is not None:
+            entered.append(inner_module)
+        entered += crossings(inner, inner_module)
+    return entered
+
+
+def trace_counts(recorder: Recorder) -> tuple[int, int, int, collections.Counter]:
+    """(modules entered, calls between modules, calls into a module entered before, calls by module) from fit's call
+    to the first optimizer step."""
+    entered = crossings(recorder.root)
+    return len(set(entered)), len(entered) - 1, len(entered) - len(set(entered)), collections.Counter(entered)
+
+
 def record() -> Recorder | None:
     recorder = Recorder()
     register_optimizer_step_pre_hook(recorder.stepped)
@@ -137,7 +166,8 @@ def record() -> Recorder | None:
     model = easyfit.Model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), "cross_entropy", "sgd")
     x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
     sys.setprofile(recorder.profile)
-    model.fit(x, y, epochs=1, batch_size=16, strategy="ddp", devices=2, accelerator="cpu", verbose=0)
+    placement = {} if "--single" in sys.argv else {"strategy": "ddp", "devices": 2}
+    model.fit(x, y, epochs=1, batch_size=16, accelerator="cpu", verbose=0, **placement)
     sys.setprofile(None)
     return recorder if model.is_global_zero else None
 
@@ -155,6 +185,10 @@ def main() -> None:
     print(f"modules {modules} doubling back {doubled} returns included {revisits}")
     planned = plan_modules(recorder)
     print(f"the plan enters {len(planned)} modules: {', '.join(planned)}")
+    modules, calls, reentries, by_module = trace_counts(recorder)
+    print(f"the whole trace: modules {modules} calls between modules {calls} re-entries {reentries}")
+    if "--counts" not in sys.argv:
+        print("; ".join(f"{module} {count}" for module, count in by_module.most_common()))
 
 
 if __name__ == "__main__":
