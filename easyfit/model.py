@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import EVALUATE, FIT, PREDICT, call_on_rank, fit_callbacks
 from easyfit.training.plan import plan_call
+from easyfit.training.running_call import LastCall, RunningCall
 from easyfit.training.steps import ModelSteps
 from easyfit.tuning import SWEEP_OPTIONS, batch_size_finder
 from easyfit.utils.checks import check_model_arguments
@@ -39,8 +41,6 @@ from easyfit.utils.options import call_arguments, given, takes_options
 
 #: reads and loads the state of plain (unwrapped, unsharded) objects
 PLAIN = Strategy()
-
-#: what a call runs on each rank, by the call's name
 
 
 class Model(OnBatchCalls):
@@ -64,20 +64,16 @@ class Model(OnBatchCalls):
         if not isinstance(net, nn.Module):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         self.net = net
+        self.running: RunningCall | None = None   # the call running on this Model, None outside one
         self.compile(optimizer, loss, metrics, lr=lr, scheduler=scheduler, scheduler_interval=scheduler_interval,
                      **optimizer_options)
-        self.history = History()
-        self.strategy: Strategy = Strategy()
-        self._training: TrainingObjects | None = None   # what the strategy's setup returned, while a fit runs
-        self._identity: tuple[int, int] | None = None   # (rank, world size) of the last multi-process call
-        self.stop_training = False
+        self.history = History()   # the last fit's, kept after it (fit returns it)
         self.completed_epochs = 0
         self.position = EpochPosition()   # how far the current epoch has trained (for mid-epoch checkpoints)
-        self._precision = Precision("32")
-        self._lr_multiplier = 1.0
-        self._callbacks = CallbackList([self.history], self, {})
+        self._last_call = LastCall(Strategy(), Precision("32"), CallbackList([self.history], self, {}))
         self.compiled_steps = ModelSteps()   # fit(compile=...): kept between calls, so nothing compiles twice
-        self._input_example = None   # two samples of the last call's first batch: what export traces with
+        self._input_example = None   # two samples of the last call's first batch: what export traces with,
+        #                              kept until the next call
 
     def compile(self, optimizer: Any = "adam", loss: Any = "cross_entropy", metrics: Any = None, *,
                 lr: float | None = None, scheduler: Any = None, scheduler_interval: str = "epoch",
@@ -86,12 +82,12 @@ class Model(OnBatchCalls):
         the arguments are Model's. The net's weights and the history are kept; the optimizer starts afresh."""
         check_model_arguments(optimizer, metrics, lr, scheduler_interval)
         net = self.net
-        self.loss_fn = resolve_loss(loss)
-        self.optimizer = build_optimizer(optimizer, net, lr, optimizer_options)
+        self._loss_fn = resolve_loss(loss)
+        self._optimizer = build_optimizer(optimizer, net, lr, optimizer_options)
         self.spec = {"loss": loss if isinstance(loss, str) else None, "optimizer": optimizer_name(self.optimizer),
                      "lr": lr, "metrics": metric_names(metrics), "param_groups": parameter_groups(self.optimizer, net),
                      "optimizer_options": dict(optimizer_options) if isinstance(optimizer, str) else {}}
-        self.scheduler = build_scheduler(scheduler, self.optimizer)
+        self._scheduler = build_scheduler(scheduler, self.optimizer)
         self.scheduler_interval = scheduler_interval
         self.metrics = MetricSet(metrics, self.loss_fn)
 
@@ -99,6 +95,56 @@ class Model(OnBatchCalls):
     def layers(self) -> list[nn.Module]:
         """The net's top-level layers (its child modules, in order), as Keras' `model.layers`."""
         return list(self.net.children())
+
+    # --- what a running call trains with (its RunningCall), else the Model's own --------
+    @property
+    def optimizer(self):
+        """The optimizer that trains: during fit the one the strategy set up, else the Model's."""
+        training = self._training
+        return self._optimizer if training is None else training.optimizer
+
+    @property
+    def scheduler(self):
+        training = self._training
+        return self._scheduler if training is None else training.scheduler
+
+    @property
+    def loss_fn(self):
+        """The loss: during fit the fit's (weighted when weights were given), else the Model's."""
+        running = self.running
+        return self._loss_fn if running is None or running.loss_fn is None else running.loss_fn
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy of the running call, else of the last one."""
+        return (self.running or self._last_call).strategy
+
+    @property
+    def _training(self) -> TrainingObjects | None:
+        """What the strategy's setup returned, while a fit trains."""
+        return None if self.running is None else self.running.training
+
+    @property
+    def _lr_multiplier(self) -> float:
+        return 1.0 if self.running is None else self.running.lr_multiplier
+
+    @property
+    def _callbacks(self) -> CallbackList:
+        """The running fit's callbacks, else the last fit's (whose states `save` writes)."""
+        running = self.running
+        return self._last_call.callbacks if running is None or running.callbacks is None else running.callbacks
+
+    @property
+    def stop_training(self) -> bool:
+        """Set it in a callback to end the fit (every rank stops at the same step); after it, whether it stopped."""
+        return (self.running or self._last_call).stop_training
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        if self.running is not None:
+            self.running.stop_training = bool(value)
+        else:
+            self._last_call = replace(self._last_call, stop_training=bool(value))
 
     # --- identity (meaningful inside fit, in every process) -----------------------------
     @property
@@ -108,11 +154,11 @@ class Model(OnBatchCalls):
     @property
     def global_rank(self) -> int:
         """This process's rank: the last multi-process call's, or before any, what the launcher of this process says."""
-        return (self._identity or launch_identity())[0]
+        return ((self.running or self._last_call).identity or launch_identity())[0]
 
     @property
     def world_size(self) -> int:
-        return (self._identity or launch_identity())[1]
+        return ((self.running or self._last_call).identity or launch_identity())[1]
 
     # --- public API ---------------------------------------------------------------------
     @takes_options(FitOptions, RunOptions)
@@ -165,12 +211,12 @@ class Model(OnBatchCalls):
         """
         loop, run = given(locals(), LoopOptions, RunOptions)
         outputs = self._dispatch(PREDICT, run, x, None, loop)
-        return prediction_result(outputs, is_numpy_input(x), self._precision.autocast_dtype is not None)
+        return prediction_result(outputs, is_numpy_input(x), self.precision.autocast_dtype is not None)
 
     @property
     def precision(self) -> Precision:
         """The precision plugin of the last (or running) call."""
-        return self._precision
+        return (self.running or self._last_call).precision
 
     def save(self, path: str | os.PathLike) -> None:
         """Write weights, optimizer, scheduler, scaler, epoch and history to `path`, atomically.
@@ -317,7 +363,9 @@ class Model(OnBatchCalls):
             self.restore(state)
             model_state.restore_random_states(self, state)   # the next call continues where rank 0's draws ended
             options = plan.options
-            fit_callbacks(self, options, is_global_zero=True).load_state_dict(state["callbacks"])
+            callbacks = fit_callbacks(self, options, is_global_zero=True)
+            callbacks.load_state_dict(state["callbacks"])
+            self._last_call = replace(self._last_call, callbacks=callbacks)
             restore_callback_attributes(options.callbacks, state["callback_attributes"])
             return self.history
         return result

@@ -13,8 +13,8 @@ from easyfit.parts.optimizers import grouped_parameters, optimizer_factory
 from easyfit.saving.resume import EpochPosition
 from easyfit.utils.tensors import on_cpu
 
-#: the objects a fit gives the Model anew (its History, the callbacks' list, the precision plugin)
-CALL_OBJECTS = ("history", "_callbacks", "_precision")
+#: the objects a call gives the Model anew (a fit's History; what the call leaves: its callbacks, precision plugin)
+CALL_OBJECTS = ("history", "_last_call")
 
 
 def checkpoint_state(model) -> dict:
@@ -25,7 +25,7 @@ def checkpoint_state(model) -> dict:
         "net": strategy.module_state(objects.net),
         "optimizer": strategy.optimizer_state(objects.optimizer),
         "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
-        "scaler": model._precision.state_dict(),
+        "scaler": model.precision.state_dict(),
         "epoch": model.completed_epochs,
         "position": model.position.state_dict(strategy, model.metrics),
         "lr_multiplier": model._lr_multiplier,   # the scale the fit's steps took (the optimizer holds the rates
@@ -58,7 +58,7 @@ def restore(model, state: dict, training: bool = False) -> None:
     model.completed_epochs = state["epoch"]
     model.history.load_state_dict(state["history"])
     if training:
-        model._precision.load_state_dict(state["scaler"])
+        model.precision.load_state_dict(state["scaler"])
         model._callbacks.load_state_dict(state["callbacks"])
         model.position = EpochPosition.from_state(state.get("position"), model.strategy, model.metrics)
         restore_random_states(model, state)
@@ -76,7 +76,7 @@ def restore_random_states(model, state: dict) -> None:
 class Snapshot:
     """A Model's objects `names` as they are, and with `training_state` a copy (on the CPU) of its whole training
     state (weights, optimizer, scheduler, scaler, History, epoch, callbacks, random generators): the one way a call
-    keeps a Model's state to put it back (trial fits, restart attempts, the single-batch calls, a fit's own swaps)."""
+    keeps a Model's state to put it back (trial fits, restart attempts, the single-batch calls)."""
 
     def __init__(self, model, names: tuple = CALL_OBJECTS, training_state: bool = False):
         self.model, self.objects = model, {name: getattr(model, name) for name in names}

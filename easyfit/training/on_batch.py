@@ -2,6 +2,8 @@
 on exactly one batch (a mixin of easyfit.Model)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from easyfit.data.results import scores_result
 from easyfit.distributed.run_options import RunOptions
 from easyfit.saving.model_state import kept
@@ -27,10 +29,14 @@ class OnBatchCalls:
             return_dict: {"loss": ..., ...} instead of a list (default False).
         """
         [run] = given(locals(), RunOptions)
-        with kept(self, ("history", "completed_epochs", "_callbacks")):   # a step, not an epoch of the history
-            result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0, lr_scaling=None,
-                              fault_tolerance=False, sample_weight=sample_weight, class_weight=class_weight,
-                              **run.keywords())
+        callbacks = self._last_call.callbacks   # whose states `save` writes: the last fit's, not this step's
+        try:
+            with kept(self, ("history", "completed_epochs")):   # a step, not an epoch of the history
+                result = self.fit(x, y, epochs=1, batch_size=sample_count(x), shuffle=False, verbose=0,
+                                  lr_scaling=None, fault_tolerance=False, sample_weight=sample_weight,
+                                  class_weight=class_weight, **run.keywords())
+        finally:
+            self._last_call = replace(self._last_call, callbacks=callbacks)
         logs = {key: values[-1] for key, values in result.history.items()}
         return scores_result(logs, self.metrics.names, return_dict)
 

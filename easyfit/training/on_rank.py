@@ -21,24 +21,25 @@ from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.lr_scaling import StepRates, describe, effective_batch, lr_multiplier, track_optimizer_steps
-from easyfit.saving.model_state import kept
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.fit_options import FitOptions, TrainingSettings
 from easyfit.training.loop import Loop, TrainingObjects
 from easyfit.training.plan import LoopOptions, Plan, check_fit_call, check_loop_call
+from easyfit.training.running_call import RunningCall
 
 
 def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
     """What every rank runs for a call: its kind's body, `plan.kind.on_rank(model, run options, **inputs)`, under the
-    plan's strategy; (its result, the state rank 0 hands back to a caller in another process, or None)."""
-    strategy, kind = plan.strategy, plan.kind
+    plan's strategy and the call's `RunningCall` on the Model (dropped at the end, the outer call's put back); (its
+    result, the state rank 0 hands back to a caller in another process, or None)."""
+    strategy, kind, outer = plan.strategy, plan.kind, model.running
     strategy.setup_environment()
-    model.strategy = strategy
-    if strategy.world_size > 1:   # a rank-local call (strategy="single" among ranks) keeps the rank's identity
-        model._identity = (strategy.global_rank, strategy.world_size)
-    model._precision = strategy.precision_plugin(model._precision, plan.precision)
+    # a rank-local call (strategy="single" among ranks) keeps the rank's identity
+    identity = (strategy.global_rank, strategy.world_size) if strategy.world_size > 1 else None
+    model.running = call = RunningCall(strategy, strategy.precision_plugin(model.precision, plan.precision),
+                                       identity or (outer or model._last_call).identity)
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
     say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:
@@ -59,11 +60,13 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
         raise explained from error
     finally:
         strategy.teardown()
+        model._last_call, model.running = model._last_call.after(call), outer
 
 
 def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     """Train `model` on (x, y) under its strategy; every rank ends with the trained state (the strategy's `end_fit`)."""
-    strategy, precision = model.strategy, model._precision
+    call = model.running
+    strategy, precision = call.strategy, call.precision
     validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
     if options.validation_split:   # with validation_data too is refused by the plan
         (x, y), validation_data = split_validation(x, y, options.validation_split, precision.float_dtype)
@@ -83,21 +86,21 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     user_optimizer, user_scheduler = model.optimizer, model.scheduler
     objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)
     track_optimizer_steps(objects.scheduler)
-    with kept(model, ("_training", "optimizer", "scheduler", "loss_fn")):
-        # until the fit ends, Model and the callbacks use what the strategy returned, and this fit's loss (weighted
-        # when weights were given)
-        model._training, model.optimizer, model.scheduler = objects, objects.optimizer, objects.scheduler
-        model.loss_fn = weighted_loss
+    # until the fit ends, Model and the callbacks use what the strategy returned, and this fit's loss (weighted
+    # when weights were given)
+    call.training, call.loss_fn = objects, weighted_loss
+    try:
         train_epochs(model, options, train, val, settings, objects)
+    finally:
+        call.training = call.loss_fn = None
     strategy.end_fit(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
     return model.history
 
 
 def train_epochs(model, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
     """The epochs of a fit, with LR scaling, a resumed or fault-tolerance checkpoint, warmup and the callbacks."""
-    strategy, optimizer = model.strategy, objects.optimizer
-    multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
-    model._lr_multiplier = multiplier   # the optimizer keeps the schedule's rates; each step takes them scaled
+    call, strategy, optimizer = model.running, model.strategy, objects.optimizer
+    multiplier = call.lr_multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
     rates = StepRates(optimizer, 1.0)
     try:
         model.history = History()
@@ -107,7 +110,7 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         restartable = fault_tolerance.restartable_fit(options.fault_tolerance,
                                                       options.max_restarts if strategy.launcher is not None else 0,
                                                       strategy)
-        callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
+        callbacks = call.callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
         resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
                        or options.resume_from)
         state = None if resume_from is None else strategy.load_checkpoint(resume_from)
@@ -122,26 +125,25 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         rates = step_rates(options, train, optimizer, multiplier, initial_epoch, model.position)
         if options.verbose and strategy.is_global_zero:
             print(params["summary"])
-        model.stop_training = False
+        call.stop_training = False
         # after a resume: a bad checkpoint runs no forward
         first_steps = prepare_fit_data(model, objects.net, train, val)
         Loop(model, strategy, callbacks, objects, settings, rates, first_steps).fit(
             train, val, options.epochs, initial_epoch, options.validation_freq)
     finally:   # a step that raised leaves the schedule's rates too
         rates.release()
-        model._lr_multiplier = 1.0
+        call.lr_multiplier = 1.0
 
 
 def fit_callbacks(model, options: FitOptions, is_global_zero: bool, params: dict | None = None,
                   restartable: fault_tolerance.RestartableFit | None = None) -> CallbackList:
     """The History, the progress display, the user's callbacks and the fault-tolerance checkpoint of a fit: the
-    Model's callbacks from now on, whose states its checkpoints hold (in a rank, and in the caller of spawned ranks,
-    which gives them rank 0's states)."""
+    fit's callbacks, whose states its checkpoints hold (in a rank, and in the caller of spawned ranks, which gives
+    them rank 0's states)."""
     display = progress_callbacks(options.verbose, is_global_zero)
     tolerance = [] if restartable is None else [fault_tolerance.FaultToleranceCheckpoint(
         restartable, options.fault_tolerance_every_n_steps, options.gradient_accumulation_steps)]
-    model._callbacks = CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
-    return model._callbacks
+    return CallbackList([model.history, *display, *options.callbacks, *tolerance], model, params or {})
 
 
 def step_rates(options: FitOptions, train, optimizer, multiplier: float, initial_epoch: int,
@@ -173,7 +175,7 @@ def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multip
         "effective_batch_size": effective_batch(batch_size, strategy, options.gradient_accumulation_steps),
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
-        "strategy": strategy.name, "precision": model._precision.name,
+        "strategy": strategy.name, "precision": model.precision.name,
         "summary": describe(batch_size, strategy, options.lr_scaling, optimizer, multiplier,
                             options.gradient_accumulation_steps),
     }
@@ -181,7 +183,7 @@ def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multip
 
 def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
     strategy = model.strategy
-    model._precision.convert_module(model.net)
+    model.precision.convert_module(model.net)
     display = progress_callbacks(verbose, strategy.is_global_zero)
     callback_list = CallbackList([*display, *callbacks], model, {"verbose": verbose})
     return Loop(model, strategy, callback_list, TrainingObjects(model.net))
@@ -192,7 +194,7 @@ def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = Fa
     (loss="model") gets its targets in the forward."""
     batches = make_batches(x, y, batch_size=batch_size, strategy=model.strategy, train=train,
                            num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=model._precision.float_dtype, collate_fn=run.collate_fn, **options)
+                           float_dtype=model.precision.float_dtype, collate_fn=run.collate_fn, **options)
     return targets_in_forward(batches, model.net, model.loss_fn) if targets else batches
 
 

@@ -20,7 +20,6 @@ import torch
 from easyfit.data.batches import check_not_empty
 from easyfit.distributed.run_options import RunOptions, option_names
 from easyfit.distributed.strategies.single import SingleDeviceStrategy
-from easyfit.saving.model_state import kept
 from easyfit.training.call_kind import CallKind
 from easyfit.training.fit_options import fit_option_names
 from easyfit.tuning.memory_budget import can_measure, default_budget
@@ -156,8 +155,7 @@ def search_on_rank(model, run: RunOptions, x, y, options: Search) -> int:
             torch.cuda.empty_cache()
         return fits
 
-    with kept(model, ("strategy",)):   # the trials run under a one-device strategy of their own
-        answer = largest_that_trains(trains, start, limit)
+    answer = largest_that_trains(trains, start, limit)   # each trial's call puts this call back on the Model
     return int(strategy.reduce(torch.tensor([answer], device=device), "min").item())
 
 

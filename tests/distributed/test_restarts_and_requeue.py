@@ -18,6 +18,7 @@ from easyfit.distributed import fault_tolerance
 from easyfit.distributed.launchers.restarts import RestartsExhaustedError
 from easyfit.distributed.strategies.base import Strategy
 from easyfit.saving.resume import EpochPosition
+from easyfit.training.running_call import RunningCall
 
 
 class RaiseOnRank1(Callback):
@@ -134,7 +135,7 @@ def test_a_restart_on_more_processes_trains_again_the_samples_of_a_partial_globa
     the epoch continues at step 1 and 16 samples are trained again (the 2 -> 1 case runs for real in
     tests/distributed/test_fault_tolerance.py)."""
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.05)   # the schedule's LR: each step scales it
-    model.strategy = SimpleNamespace(world_size=2, batch_factor=2, is_global_zero=True)
+    model.running = RunningCall(SimpleNamespace(world_size=2, batch_factor=2, is_global_zero=True), model.precision)
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
     run = fault_tolerance.RestartableFit("torchrun", "unused", restart=1, resume_from="unused")
     state = {"lr_multiplier": 1.0, fault_tolerance.WORLD_KEY: {"world_size": 1, "batch_factor": 1}}

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import easyfit
+from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.ddp import DDPStrategy
 from easyfit.parts.lr_scaling import StepRates, describe, lr_multiplier, track_optimizer_steps
+from easyfit.training.running_call import RunningCall
 
 
 def _optimizer(*lrs: float) -> torch.optim.Optimizer:
@@ -159,7 +161,7 @@ def test_a_checkpoint_holds_the_schedules_own_lrs(tmp_path):
     whose optimizer held the scaled LRs, loads at the schedule's own LRs too."""
     net = torch.nn.Linear(3, 2)
     model = easyfit.Model(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=0.05))
-    model._lr_multiplier = 2.0        # as inside a 2-process fit with linear scaling
+    model.running = RunningCall(Strategy(), model.precision, lr_multiplier=2.0)   # as inside a 2-process fit
     model.save(tmp_path / "ckpt.pt")
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert state["optimizer"]["param_groups"][0]["lr"] == 0.05

@@ -17,6 +17,7 @@ from easyfit.distributed.strategies.base import Strategy
 from easyfit.parts import metric_state
 from easyfit.parts.metrics import MetricSet
 from easyfit.saving.resume import EpochPosition
+from easyfit.training.running_call import RunningCall
 
 METRICS = ["accuracy", "f1", "auroc"]   # states reduced by sum (accuracy, f1) and by cat (auroc)
 
@@ -163,7 +164,7 @@ def _metrics_of(predicted, y) -> MetricSet:
 
 def test_the_summary_line_says_which_metrics_count_only_the_batches_after_the_restart(make_net):
     model = easyfit.Model(make_net(), "cross_entropy", "sgd", lr=0.1)
-    model.strategy = Strategy()
+    model.running = RunningCall(Strategy(), model.precision)
     model.completed_epochs, model.position = 1, EpochPosition(batches_done=3)
     model.position.inexact_metrics = ["mean_of_outputs"]
     run = fault_tolerance.RestartableFit("torchrun", "unused", restart=1, resume_from="unused")
