@@ -166,12 +166,15 @@ def test_the_name_check_finds_a_missing_name(tmp_path):
 
 #: the most modules the plan of a 2-process ddp fit may enter (docs/architecture.md, "The way of a fit")
 PLAN_MODULES = 29
+#: the most modules the whole trace of rank 0 of that fit may enter, and calls into a module it entered before
+TRACE_MODULES, TRACE_REENTRIES = 60, 240
 
 
 def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
     """docs/architecture.md's numbered way from fit to the optimizer step is what scripts/fit_path.py records on rank 0
     of a real 2-process ddp fit, within the bounds the design keeps (at most 12 modules, 10 entries into a module
-    already left, returns to a caller included; the plan itself at most PLAN_MODULES modules)."""
+    already left, returns to a caller included; the plan itself at most PLAN_MODULES modules; the whole trace at most
+    TRACE_MODULES modules and TRACE_REENTRIES re-entries)."""
     root = pathlib.Path(__file__).parents[1]
     done = subprocess.run([sys.executable, str(root / "scripts" / "fit_path.py")], capture_output=True, text=True,
                           timeout=300, cwd=root)
@@ -185,6 +188,9 @@ def test_the_way_of_a_fit_in_the_docs_is_the_way_a_fit_takes():
     assert modules <= 12 and doubled <= 10 and revisits <= 10
     planned = int(re.search(r"the plan enters (\d+) modules", done.stdout)[1])
     assert planned <= PLAN_MODULES, f"the plan of a ddp fit enters {planned} modules (bound {PLAN_MODULES})"
+    traced, _, reentries = map(int, re.search(r"the whole trace: modules (\d+) calls between modules (\d+) "
+                                               r"re-entries (\d+)", done.stdout).groups())
+    assert traced <= TRACE_MODULES and reentries <= TRACE_REENTRIES, (traced, reentries)
 
 
 #: the modules outside easyfit.compiled that import it, each inside the function that runs under compile= only
