@@ -58,6 +58,15 @@ def describe(value: Any) -> str:
     return f"<{name}>" if name else f"<{type(value).__name__} object>"
 
 
+def public_name(model, path: str) -> str:
+    """The path under the name the user knows: the Model keeps the user's loss, optimizer and scheduler in private
+    attributes read through properties of the public name (`_loss_fn` through `loss_fn`)."""
+    first, dot, rest = path.partition(".")
+    public = first.lstrip("_")
+    return f"{public}{dot}{rest}" if first != public and isinstance(getattr(type(model), public, None), property) \
+        else path
+
+
 def check_picklable(named: dict[str, Any]) -> None:
     """Raise a TypeError naming the first attribute path that cannot be pickled (e.g. `net.head.act: <lambda>`)."""
     for name, obj in named.items():
@@ -66,6 +75,7 @@ def check_picklable(named: dict[str, Any]) -> None:
             path, value = found
             for own in ("model.", "plan."):   # the Model's own parts, the call's options
                 path = path.replace(own, "", 1) if path.startswith(own) else path
+            path = public_name(obj, path) if name == "model" else path
             raise TypeError(
                 f"strategy='ddp_spawn' must pickle everything it sends to the new processes, and this cannot be "
                 f"pickled: {path}: {describe(value)}. Replace it with something picklable (a def at module level "
