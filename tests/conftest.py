@@ -23,8 +23,8 @@ def ray_cluster():
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's: run without it (-p no:xdist), pytest has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist hands out whole modules (`--dist loadscope`), the longest first, and the tests on the session's
-    Ray cluster as one (tests/work_units.py)."""
+    """pytest-xdist hands out whole modules (`--dist loadscope`), with the tests on the session's Ray cluster as one
+    unit handed out first (tests/work_units.py)."""
     if config.getvalue("dist") == "loadscope":
         from work_units import WorkUnits
         return WorkUnits(config, log)
