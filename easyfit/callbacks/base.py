@@ -13,7 +13,7 @@ HOOKS = (
     "on_train_batch_begin", "on_train_batch_end",
     "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
     "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
-    "on_checkpoint_saved",
+    "on_checkpoint_saved", "on_exception",
 )
 
 
@@ -82,6 +82,10 @@ class Callback:
     def on_checkpoint_saved(self, path):
         """ModelCheckpoint wrote a checkpoint (a file, or a sharded checkpoint's folder) to `path`, on every rank."""
 
+    def on_exception(self, exception):
+        """fit, evaluate or predict raised `exception` (KeyboardInterrupt included) in this process, after its
+        callbacks were set up; the exception reaches the caller after every callback's hook ran."""
+
     def on_fit_returned(self):
         """In the process that called fit, once fit has returned: after a spawned rank 0's state and attributes came
         back, outside every launcher and restart. A callback raises an outcome to the caller here (OptunaPruning)."""
@@ -146,6 +150,16 @@ def random_state_kept(strategy):
             yield
         finally:
             strategy.load_device_rng_state(device_state)
+
+
+@contextlib.contextmanager
+def exceptions_told(callbacks: CallbackList):
+    """Inside the block, an exception is told to the callbacks (`on_exception`) before it goes on."""
+    try:
+        yield
+    except BaseException as exception:
+        callbacks.call("on_exception", exception)
+        raise
 
 
 def fit_returned(callbacks: list) -> None:

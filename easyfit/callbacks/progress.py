@@ -151,6 +151,12 @@ class ProgressBar(EpochSummary):
     def on_predict_end(self, logs=None):
         self._close(None)
 
+    def on_exception(self, exception):
+        """The bar stays on screen as it stood, and the next bar of this process starts on the line below it."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
 
 def _wrapped(text: str, bar) -> list[str]:
     """`text` ("key: value - key: value ...") in lines that fit the terminal when the bar's line with it at its end

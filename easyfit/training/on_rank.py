@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from easyfit.callbacks.backup_and_restore import backup_to_resume
-from easyfit.callbacks.base import Callback, CallbackList
+from easyfit.callbacks.base import Callback, CallbackList, exceptions_told
 from easyfit.callbacks.history import History
 from easyfit.callbacks.progress import progress_callbacks
 from easyfit.data.batches import batch_count, batch_source, make_batches, split_validation
@@ -128,8 +128,9 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         call.stop_training = False
         # after a resume: a bad checkpoint runs no forward
         first_steps = prepare_fit_data(model, objects.net, train, val)
-        Loop(model, strategy, callbacks, objects, settings, rates, first_steps).fit(
-            train, val, options.epochs, initial_epoch, options.validation_freq)
+        with exceptions_told(callbacks):
+            Loop(model, strategy, callbacks, objects, settings, rates, first_steps).fit(
+                train, val, options.epochs, initial_epoch, options.validation_freq)
     finally:   # a step that raised leaves the schedule's rates too
         rates.release()
         call.lr_multiplier = 1.0
@@ -203,7 +204,8 @@ def evaluate_on_rank(model, run: RunOptions, x, y, options: LoopOptions) -> dict
     loop = eval_loop(model, options.verbose, options.callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches,
                                         "the evaluation data")
-    return loop.evaluate(batches)
+    with exceptions_told(loop.callbacks):
+        return loop.evaluate(batches)
 
 
 def predict_on_rank(model, run: RunOptions, x, y, options: LoopOptions):
@@ -212,7 +214,8 @@ def predict_on_rank(model, run: RunOptions, x, y, options: LoopOptions):
     loop = eval_loop(model, options.verbose, options.callbacks)
     loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches, "the data",
                                         targets=False)
-    outputs = loop.predict(batches)
+    with exceptions_told(loop.callbacks):
+        outputs = loop.predict(batches)
     tensors = all(isinstance(output, torch.Tensor) for output in outputs)
     if strategy.world_size == 1 or not batches.sharded:
         return torch.cat(outputs) if outputs and tensors else outputs

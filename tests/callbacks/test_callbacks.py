@@ -318,3 +318,36 @@ def test_terminate_on_nan_lets_a_healthy_run_finish(regression):
     terminate = TerminateOnNaN()
     history = sgd_model().fit(*regression, epochs=2, verbose=0, callbacks=[terminate])
     assert len(history.epoch) == 2 and terminate.message is None
+
+
+class ToldOfExceptions(Callback):
+    def __init__(self, fail_in: str):
+        self.fail_in, self.told = fail_in, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.fail_in == "fit":
+            raise ValueError("in fit")
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self.fail_in == "evaluate":
+            raise ValueError("in evaluate")
+
+    def on_predict_batch_end(self, batch, logs=None):
+        if self.fail_in == "predict":
+            raise ValueError("in predict")
+
+    def on_exception(self, exception):
+        self.told.append(str(exception))
+
+
+@pytest.mark.parametrize("call", ["fit", "evaluate", "predict"])
+def test_an_exception_is_told_to_the_callbacks_once_before_it_reaches_the_caller(call):
+    model = easyfit.Model(nn.Linear(4, 2), "cross_entropy", "sgd")
+    x, y = torch.zeros(8, 4), torch.zeros(8, dtype=torch.long)
+    callback = ToldOfExceptions(call)
+    run = {"fit": lambda: model.fit(x, y, epochs=1, batch_size=4, validation_data=(x, y), callbacks=[callback]),
+           "evaluate": lambda: model.evaluate(x, y, callbacks=[callback]),
+           "predict": lambda: model.predict(x, callbacks=[callback])}[call]
+    with pytest.raises(ValueError, match=f"in {call}"):
+        run()
+    assert callback.told == [f"in {call}"]

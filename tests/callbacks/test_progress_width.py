@@ -30,6 +30,16 @@ def every_draw(stream: str) -> list[str]:
     return [ESCAPES.sub("", part) for line in stream.split("\n") for part in line.split("\r") if part.strip()]
 
 
+@pytest.fixture(autouse=True)
+def no_other_bars(monkeypatch):
+    """tqdm draws a new bar below those still open in the process: a bar another test left open here (a library's,
+    say Ray Data's) would move these tests' bars down a line."""
+    from weakref import WeakSet
+
+    from tqdm import std
+    monkeypatch.setattr(std.tqdm, "_instances", WeakSet())
+
+
 @pytest.fixture
 def terminal(monkeypatch):
     """A terminal of 80 columns (tqdm reads COLUMNS and LINES where the stream is not a terminal itself)."""
@@ -96,3 +106,27 @@ def test_a_terminal_that_reports_0x0_with_columns_set_still_shows_the_bar(tmp_pa
     lines = shown_lines(shown.decode().replace("\r\n", "\n"))
     assert any(line.startswith("Epoch 1/1: 100%") for line in lines), lines
     assert any(line.startswith("loss: ") for line in lines), lines
+
+
+class StopAtSecondBatch(easyfit.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_fit_leaves_no_bar_open_so_the_next_bar_draws_on_its_own_line(terminal, capfd):
+    """A fit stopped mid-epoch (Ctrl-C in a notebook) closes its bar where it stood: the next fit's bar is drawn at
+    the first position, not one line below a bar that stays open and is drawn again when collected."""
+    from tqdm.auto import tqdm
+    model = easyfit.Model(nn.Linear(4, 2), "cross_entropy", "sgd")
+    x, y = np.zeros((64, 4), dtype="float32"), np.zeros(64, dtype="int64")
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, epochs=1, batch_size=16, verbose=1, callbacks=[StopAtSecondBatch()])
+    interrupted = capfd.readouterr().err
+    assert not tqdm._instances
+    assert interrupted.endswith("\n") and "2/4" in shown_lines(interrupted)[-1]
+    model.fit(x, y, epochs=1, batch_size=16, verbose=1)
+    err = capfd.readouterr().err
+    assert "\x1b[A" not in err, err
+    (line,) = [line for line in shown_lines(err) if line.startswith("Epoch")]
+    assert "4/4" in line
