@@ -165,7 +165,13 @@ def test_evaluate_is_exact_and_predict_returns_every_sample_in_order(ddp_run):
         torch.testing.assert_close(predicted, fitted.net(x), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "tp", "deepspeed_stage_2", "pipeline"])
+#: the sharded strategies fitted on Ray: fsdp and a DeepSpeed stage; EASYFIT_RAY_STRATEGIES=all adds tensor
+#: parallelism and the pipeline (25-35 s each of a 2-core machine; CI runs them)
+ON_RAY = ["fsdp", "deepspeed_stage_2"] + (["tp", "pipeline"] if os.environ.get("EASYFIT_RAY_STRATEGIES") == "all"
+                                          else [])
+
+
+@pytest.mark.parametrize("strategy", ON_RAY)
 def test_sharded_strategies_on_ray_equal_plain_pytorch_on_the_combined_batch(cluster, tmp_path, strategy):
     if strategy.startswith("deepspeed"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install easyfit[deepspeed]")

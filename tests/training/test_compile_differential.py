@@ -13,7 +13,7 @@ schedule and their net is reset to its initial weights and settings), so the gua
 Most families compile with torch's "aot_eager" backend, the same traced programs as inductor (whole-step programs,
 their guards, the direct call, the optimizer state and learning rates easyfit hands them) without generating code;
 one in EASYFIT_COMPILE_INDUCTOR_EVERY (5 here) compiles with inductor. EASYFIT_COMPILE_CONFIGS sets how many
-configurations are drawn (96 here, 200 in CI's runs, in families of EASYFIT_COMPILE_MEMBERS, 8; 2,000 in the soak,
+configurations are drawn (48 here, 200 in CI's runs, in families of EASYFIT_COMPILE_MEMBERS, 8; 2,000 in the soak,
 scripts/compile_soak.sh), EASYFIT_COMPILE_SEED the draw. On compile='s fallback (plain torch.compile: an untested
 torch, or EASYFIT_PLAIN_COMPILE=1) the same fits run as compiled parts, and an explicit steps_per_execution > 1 is
 refused by the plan.
@@ -40,7 +40,7 @@ import torch
 from compile_paths import FAST_PATH
 from compile_space import families, fit, new_model
 
-COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "96"))
+COUNT = int(os.environ.get("EASYFIT_COMPILE_CONFIGS", "48"))
 MEMBERS = int(os.environ.get("EASYFIT_COMPILE_MEMBERS", "8"))
 SEED = int(os.environ.get("EASYFIT_COMPILE_SEED", "0"))
 #: one family in this many compiles with inductor, the rest with aot_eager
