@@ -5,17 +5,8 @@ step, and no user code runs an extra time. The one exception is fit's validation
 through the net before training (eval mode, no gradients, on a copy of the RNG state; the loss is not called), so
 that validation data the net cannot take is reported before an epoch of training rather than after it.
 
-In-memory data (arrays, tensors, DataFrames) is also brought once to what the net takes, as Keras does:
-- floating inputs and targets become the net's float dtype (float16 or float64 data for a float32 net; float64 under
-  precision="64");
-- integer and bool inputs (uint8 images, 0/1 flags, counts) stay as they are when the net runs on them (an
-  nn.Embedding takes integer indices); when the net raises on them, they become floats and the first step runs
-  again (the forward that raised is the only repeated call). uint8 images are not rescaled: divide them by 255;
-- integer class labels of shape (N, 1) for a class-index loss (cross_entropy, nll) become shape (N,).
-Integer class labels of any integer dtype (int32, int16, uint8, bool, ...) become int64 for a class-index loss, and
-bool labels become floats for a binary loss (bce, bce_with_logits), in memory and in the batches of a Dataset or
-DataLoader (lossless). Other mismatches in the user's own batches are explained,
-not converted.
+In-memory data is brought once to what the net and the loss take (easyfit.data.conform) as its first step
+runs; other mismatches in the user's own batches are explained, not converted.
 """
 from __future__ import annotations
 
@@ -23,6 +14,7 @@ import torch
 from torch import nn
 
 from easyfit.data.batches import TensorBatches, batch_source, peek_first_batch
+from easyfit.data.conform import class_labels, class_targets, conform, data_dtype, integers_to_floats
 from easyfit.data.contents import call_net, move_to_device, split_batch
 from easyfit.data.explain import (
     BATCH_NORMS,
@@ -30,10 +22,9 @@ from easyfit.data.explain import (
     check_output_kind,
     check_scalar_loss,
     explain,
-    float_dtype,
 )
 from easyfit.data.source import BatchSource
-from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES, check_class_range, check_targets
+from easyfit.parts.losses import check_class_range, check_targets
 from easyfit.parts.outputs import prediction
 from easyfit.saving.export import recorded_example
 from easyfit.training.loop import eval_mode
@@ -60,9 +51,7 @@ def prepare(model, eval_net: nn.Module, batches: BatchSource, source: str, train
     precision = model.precision
     data = batch_source(batches)
     if isinstance(data, TensorBatches):
-        _conform_floats(data, _data_dtype(eval_net, precision))
-        if targets:
-            _conform_labels(data, model.loss_fn, _data_dtype(eval_net, precision))
+        conform(data, model.loss_fn if targets else None, data_dtype(eval_net, precision))
     return FirstStep(model, batches, source, training)
 
 
@@ -96,8 +85,8 @@ class FirstStep:
         try:
             return call_net(net, inputs)
         except (RuntimeError, TypeError) as error:
-            dtype = _data_dtype(net, precision)
-            if not (isinstance(data, TensorBatches) and _integers_to_floats(data, dtype)):
+            dtype = data_dtype(net, precision)
+            if not (isinstance(data, TensorBatches) and integers_to_floats(data, dtype)):
                 raise explain(error, net, inputs, self.source) from error
             first = error
         floats = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
@@ -125,54 +114,15 @@ class FirstStep:
         check_output_kind(output, loss_fn, metrics)
         output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
         if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-            target = self.class_targets(output, target, loss_fn)
+            target = class_targets(batch_source(self.batches), output, target, loss_fn)
             check_targets(loss_fn, output, target)
-            data = batch_source(self.batches)
-            if isinstance(data, TensorBatches) and _is_class_index(loss_fn, target) and output.dim() >= 2:
-                check_class_range(loss_fn, output.shape[1], data.tensors[_target_index(data)])   # every label
+            labels = class_labels(batch_source(self.batches), loss_fn, target)
+            if labels is not None and output.dim() >= 2:
+                check_class_range(loss_fn, output.shape[1], labels)   # every label
             if metrics.pending:
                 metrics.build(output.detach(), target)
         return target
 
-    def class_targets(self, output: torch.Tensor, target: torch.Tensor, loss_fn) -> torch.Tensor:
-        data = batch_source(self.batches)
-        if target.dtype == torch.bool and isinstance(loss_fn, BINARY_LOSSES):   # 0/1 flags as the loss's floats
-            data.target_dtype = output.dtype if output.is_floating_point() else torch.float32
-            return target.to(data.target_dtype)
-        if not _is_class_index(loss_fn, target):
-            return target
-        if output.dim() == 2 and target.shape[1:] == (1,) and isinstance(data, TensorBatches):
-            tensors = list(data.tensors)   # (N, 1) in-memory labels: squeezed, as Keras does
-            tensors[_target_index(data)] = tensors[_target_index(data)].view(-1)
-            data.tensors = tuple(tensors)
-            target = target.view(-1)
-        if target.dtype != torch.int64:
-            data.target_dtype = torch.int64   # the batches of a loader from now on; in-memory data is int64 already
-            target = target.long()
-        return target
-
-
-def _is_class_index(loss_fn, target: torch.Tensor) -> bool:
-    return isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and not target.is_complex()
-
-
-def _target_index(batches: TensorBatches) -> int:
-    """Where the target lies among in-memory tensors: last, or before the sample weights."""
-    return -2 if batches.weighted else -1
-
-
-def _conform_labels(batches: TensorBatches, loss_fn, float_dtype: torch.dtype) -> None:
-    """In-memory labels as the loss takes them: integer or bool class indices as int64 for a class-index loss, bool
-    flags as floats for a binary loss (0 / 1, lossless)."""
-    tensors, index = list(batches.tensors), _target_index(batches)
-    if batches.inputs_only or len(tensors) < 1 - index:   # inputs, the target (and weights)
-        return
-    target = tensors[index]
-    if _is_class_index(loss_fn, target) and target.dtype != torch.int64:
-        tensors[index] = target.long()
-    elif isinstance(loss_fn, BINARY_LOSSES) and target.dtype == torch.bool:
-        tensors[index] = target.to(float_dtype)
-    batches.tensors = tuple(tensors)
 
 
 def _check_validation_batch(model, net: nn.Module, val) -> None:
@@ -199,31 +149,4 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
     check_output_kind(output, model.loss_fn, model.metrics)
     output = prediction(output)
     if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-        check_targets(model.loss_fn, output, step.class_targets(output, target, model.loss_fn))
-
-
-# --- conforming in-memory data --------------------------------------------------------------
-def _data_dtype(net: nn.Module, precision) -> torch.dtype:
-    """The dtype in-memory float data is conformed to: the net's, unless the backend casts the inputs itself."""
-    return torch.float32 if precision.casts_inputs else float_dtype(net)
-
-
-def _conform_floats(batches: TensorBatches, dtype: torch.dtype) -> None:
-    batches.tensors = tuple(t.to(dtype) if t.is_floating_point() else t for t in batches.tensors)
-
-
-def _input_count(batches: TensorBatches) -> int:
-    """How many of the tensors are the net's inputs (the last one is the target when there are several)."""
-    if batches.inputs_only:
-        return len(batches.tensors)
-    return max(1, len(batches.tensors) + _target_index(batches))
-
-
-def _integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:
-    """Turn integer and bool inputs into `dtype`; False when there were none."""
-    count, tensors = _input_count(batches), batches.tensors
-    if all(t.is_floating_point() or t.is_complex() for t in tensors[:count]):
-        return False
-    batches.tensors = tuple(t.to(dtype) if i < count and not t.is_floating_point() else t
-                            for i, t in enumerate(tensors))
-    return True
+        check_targets(model.loss_fn, output, class_targets(data, output, target, model.loss_fn))

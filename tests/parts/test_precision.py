@@ -87,9 +87,9 @@ def test_resuming_16_mixed_restores_the_loss_scaler(make_net, classification, tm
 def test_in_memory_data_follows_the_net_dtype_unless_the_backend_casts_its_inputs():
     """A net held in bf16 by a backend that casts its own inputs (DeepSpeed) gets float32 data: targets of a
     regression stay exact; any other bf16 net gets bf16 inputs."""
+    from easyfit.data.conform import data_dtype
     from easyfit.distributed.strategies.deepspeed import DeepSpeedPrecision
     from easyfit.parts.precision import Precision
-    from easyfit.training.first_batch import _data_dtype
     net = torch.nn.Linear(3, 1).to(torch.bfloat16)
-    assert _data_dtype(net, Precision("bf16-mixed")) == torch.bfloat16
-    assert _data_dtype(net, DeepSpeedPrecision("bf16-mixed")) == torch.float32
+    assert data_dtype(net, Precision("bf16-mixed")) == torch.bfloat16
+    assert data_dtype(net, DeepSpeedPrecision("bf16-mixed")) == torch.float32

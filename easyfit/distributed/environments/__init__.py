@@ -24,9 +24,10 @@ import random
 import socket
 from pathlib import Path
 
-from easyfit.distributed.environments.base import ClusterEnvironment, all_set, env_value
+from easyfit.distributed.environments.base import ClusterEnvironment
 from easyfit.distributed.environments.ray_train import RayEnvironment
 from easyfit.distributed.environments.slurm import SLURMEnvironment
+from easyfit.utils.environment_variables import all_set, env_value
 
 LAUNCHED_RANK_VARIABLE = "EASYFIT_LAUNCHED_RANK"
 #: the attempt of a fit that easyfit's launcher restarts (`max_restarts`), as it tells every rank

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from easyfit.distributed.environments.base import ClusterEnvironment, all_set
+from easyfit.distributed.environments.base import ClusterEnvironment
+from easyfit.utils.environment_variables import all_set
 
 #: set in the workers of a Ray Train run that easyfit's `launcher="ray"` started (its restarts are easyfit's too)
 RAY_LAUNCHED_VARIABLE = "EASYFIT_RAY_LAUNCHED"

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import re
 
-from easyfit.distributed.environments.base import ClusterEnvironment, env_value, int_variable, required_variable
+from easyfit.distributed.environments.base import ClusterEnvironment
+from easyfit.utils.environment_variables import env_value, int_variable, required_variable
 
 INTERACTIVE_SLURM_JOBS = ("bash", "interactive")
 
