@@ -20,12 +20,25 @@ def uses_the_cluster(nodeid: str) -> bool:
     return any(nodeid == test or nodeid.startswith(f"{test}::") for test in RAY_TESTS)
 
 
+def ray_or_skip():
+    """Ray, with Ray Train; the test is skipped, with the pip line, where either is missing."""
+    ray = pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
+    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    return ray
+
+
+def by_value(*module_names: str) -> None:
+    """The modules' own classes and functions travel to Ray's workers by value (they are not importable there)."""
+    from ray import cloudpickle
+    for name in module_names:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
+
+
 def session_cluster():
     """The session fixture's body: the cluster (`Cluster.address` for a process that joins it)."""
-    pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
-    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
+    ray_or_skip()
     from ray.cluster_utils import Cluster
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Ray Train's controller looks at its workers every 2 s by default, so a run's end waits a second on average
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -42,9 +55,7 @@ def joined(cluster, *module_names: str):
     the module's end (a test module with a cluster of its own starts one beside it); the modules' own classes and
     functions travel to Ray's workers by value (they are not importable there)."""
     import ray
-    from ray import cloudpickle
-    for name in module_names:
-        cloudpickle.register_pickle_by_value(sys.modules[name])
+    by_value(*module_names)
     ray.init(address=cluster.address)
     try:
         yield ray

@@ -9,7 +9,6 @@ it sees it, and the workers wait there until Ray's resize stops them. Refusals (
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from ray_cluster import by_value, ray_or_skip
 from ray_common import LR, make_data, make_net
 from torch import nn
 
@@ -40,13 +40,9 @@ RESIZED = ["ddp"] + (["fsdp", "fsdp-sharded", "zero", "ddp_sharded"]
 @pytest.fixture(scope="module")
 def cluster():
     """A local cluster of one 1-CPU head node (which holds the caller), to which the tests add 1-CPU nodes."""
-    ray = pytest.importorskip("ray", reason='launcher="ray" needs Ray: pip install "easyfit[ray]"')
-    pytest.importorskip("ray.train", reason='launcher="ray" needs Ray Train: pip install "easyfit[ray]"')
-    from ray import cloudpickle
+    ray = ray_or_skip()
     from ray.cluster_utils import Cluster
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    cloudpickle.register_pickle_by_value(sys.modules["ray_common"])
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    by_value(__name__, "ray_common")
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     ray.init(address=nodes.address)
     try:
