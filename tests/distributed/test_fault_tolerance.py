@@ -64,25 +64,26 @@ def uninterrupted(tmp_path_factory) -> dict:
     return {**_result(out), "folder": out}
 
 
-@pytest.mark.parametrize("strategy, failure", [
-    ("ddp", "0:raise:0:1:1"),         # rank 0 (the caller's process) raises in epoch 2
-    ("ddp", "0:raise:1:1:1"),         # rank 1 raises in epoch 2
-    ("ddp", "0:kill:1:1:1"),          # rank 1 is killed mid-epoch
-    ("fsdp", "0:kill:1:1:1"),         # the same, sharded
-    ("ddp_spawn", "0:raise:1:1:1"),   # spawned ranks: every attempt starts from a copy of the caller's objects
-])
-def test_max_restarts_restart_a_fit_with_a_metric_that_continues_exactly(uninterrupted, tmp_path, strategy, failure):
-    """fit(max_restarts=1) with a fault-tolerance checkpoint every step: the failure in batch 1 of epoch 2 (before
-    its checkpoint) restarts every rank, which resume after batch 0, the epoch's loss and accuracy so far included
-    (before, the accuracy logged for epoch 2 counted batches 1-3 only). Before too, rank 0 of the script re-run kept
-    the first attempt's metrics, whose task it had already shared, and the new rank 1 waited in another collective:
-    the restarted attempt failed again."""
-    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--strategy", strategy, "--max-restarts", "1",
-                   "--every", "1", "--fail", failure)
+@pytest.mark.parametrize("strategy, failures", [
+    # one run, three failures: rank 0 (the caller's process) raises in epoch 2, rank 1 raises in epoch 3, rank 1 is
+    # killed mid-epoch 4
+    ("ddp", ("0:raise:0:1:1", "1:raise:1:2:1", "2:kill:1:3:1")),
+    ("fsdp", ("0:kill:1:1:1",)),          # rank 1 killed mid-epoch 2, sharded
+    ("ddp_spawn", ("0:raise:1:1:1",)),    # spawned ranks: every attempt starts from a copy of the caller's objects
+], ids=["ddp", "fsdp", "ddp_spawn"])
+def test_max_restarts_restart_a_fit_with_a_metric_that_continues_exactly(uninterrupted, tmp_path, strategy, failures):
+    """fit(max_restarts=len(failures)) with a fault-tolerance checkpoint every step: each failure in batch 1 of an
+    epoch (before its checkpoint) restarts every rank, which resume after batch 0, the epoch's loss and accuracy so
+    far included (before, the accuracy logged for the epoch counted batches 1-3 only). Before too, rank 0 of the
+    script re-run kept the first attempt's metrics, whose task it had already shared, and the new rank 1 waited in
+    another collective: the restarted attempt failed again."""
+    process = _run(tmp_path, sys.executable, SCRIPT, str(tmp_path), "--strategy", strategy, "--max-restarts",
+                   str(len(failures)), "--every", "1", "--fail", *failures)
     assert process.returncode == 0, process.stderr[-5000:]
-    rank = failure.split(":")[2]
-    assert f"easyfit: attempt 1 failed: rank {rank}: " in process.stderr
-    assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
+    for restart, failure in enumerate(failures, 1):
+        _, _, rank, epoch, _ = failure.split(":")
+        assert f"easyfit: attempt {restart} failed: rank {rank}: " in process.stderr
+        assert f"resumed after restart {restart} from epoch {int(epoch) + 1}, step 1" in process.stderr
     _assert_same_run(_result(tmp_path), uninterrupted)
     _assert_checkpoints_deleted(tmp_path)
 
