@@ -1,5 +1,4 @@
-"""In-memory data (arrays, tensors, DataFrames) brought once to what the net and the loss
-take, as Keras does:
+"""In-memory data (arrays, tensors, DataFrames) brought once to what the net and the loss take, as Keras does:
 - floating inputs and targets become the net's float dtype (float16 or float64 data for a float32 net; float64 under
   precision="64");
 - integer and bool inputs (uint8 images, 0/1 flags, counts) stay as they are when the net runs on them (an
@@ -20,11 +19,11 @@ from easyfit.data.explain import float_dtype
 from easyfit.parts.losses import BINARY_LOSSES, CLASS_INDEX_LOSSES
 
 
-def is_class_index(loss_fn, target: torch.Tensor) -> bool:
+def _is_class_index(loss_fn, target: torch.Tensor) -> bool:
     return isinstance(loss_fn, CLASS_INDEX_LOSSES) and not target.is_floating_point() and not target.is_complex()
 
 
-def target_index(batches: TensorBatches) -> int:
+def _target_index(batches: TensorBatches) -> int:
     """Where the target lies among in-memory tensors: last, or before the sample weights."""
     return -2 if batches.weighted else -1
 
@@ -37,10 +36,10 @@ def data_dtype(net: nn.Module, precision) -> torch.dtype:
 def conform(batches: TensorBatches, loss_fn, dtype: torch.dtype) -> None:
     """In-memory floats as `dtype`; with a `loss_fn` (None: inputs only), the labels as it takes them: integer or bool
     class indices as int64 for a class-index loss, bool flags as floats for a binary loss (0 / 1, lossless)."""
-    tensors, index = [t.to(dtype) if t.is_floating_point() else t for t in batches.tensors], target_index(batches)
+    tensors, index = [t.to(dtype) if t.is_floating_point() else t for t in batches.tensors], _target_index(batches)
     if loss_fn is not None and not batches.inputs_only and len(tensors) >= 1 - index:   # inputs, target (weights)
         target = tensors[index]
-        if is_class_index(loss_fn, target) and target.dtype != torch.int64:
+        if _is_class_index(loss_fn, target) and target.dtype != torch.int64:
             tensors[index] = target.long()
         elif isinstance(loss_fn, BINARY_LOSSES) and target.dtype == torch.bool:
             tensors[index] = target.to(dtype)
@@ -54,11 +53,11 @@ def class_targets(batches, output: torch.Tensor, target: torch.Tensor, loss_fn) 
     if target.dtype == torch.bool and isinstance(loss_fn, BINARY_LOSSES):
         batches.target_dtype = output.dtype if output.is_floating_point() else torch.float32
         return target.to(batches.target_dtype)
-    if not is_class_index(loss_fn, target):
+    if not _is_class_index(loss_fn, target):
         return target
     if output.dim() == 2 and target.shape[1:] == (1,) and isinstance(batches, TensorBatches):
         tensors = list(batches.tensors)
-        tensors[target_index(batches)] = tensors[target_index(batches)].view(-1)
+        tensors[_target_index(batches)] = tensors[_target_index(batches)].view(-1)
         batches.tensors = tuple(tensors)
         target = target.view(-1)
     if target.dtype != torch.int64:
@@ -69,8 +68,8 @@ def class_targets(batches, output: torch.Tensor, target: torch.Tensor, loss_fn) 
 
 def class_labels(batches, loss_fn, target: torch.Tensor) -> torch.Tensor | None:
     """Every class label of in-memory data, to check at once; None for other data or another kind of loss."""
-    if isinstance(batches, TensorBatches) and is_class_index(loss_fn, target):
-        return batches.tensors[target_index(batches)]
+    if isinstance(batches, TensorBatches) and _is_class_index(loss_fn, target):
+        return batches.tensors[_target_index(batches)]
     return None
 
 
@@ -78,7 +77,7 @@ def _input_count(batches: TensorBatches) -> int:
     """How many of the tensors are the net's inputs (the last one is the target when there are several)."""
     if batches.inputs_only:
         return len(batches.tensors)
-    return max(1, len(batches.tensors) + target_index(batches))
+    return max(1, len(batches.tensors) + _target_index(batches))
 
 
 def integers_to_floats(batches: TensorBatches, dtype: torch.dtype) -> bool:

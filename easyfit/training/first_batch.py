@@ -114,9 +114,10 @@ class FirstStep:
         check_output_kind(output, loss_fn, metrics)
         output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
         if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-            target = class_targets(batch_source(self.batches), output, target, loss_fn)
+            data = batch_source(self.batches)
+            target = class_targets(data, output, target, loss_fn)
             check_targets(loss_fn, output, target)
-            labels = class_labels(batch_source(self.batches), loss_fn, target)
+            labels = class_labels(data, loss_fn, target)
             if labels is not None and output.dim() >= 2:
                 check_class_range(loss_fn, output.shape[1], labels)   # every label
             if metrics.pending:
