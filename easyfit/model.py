@@ -18,6 +18,7 @@ from easyfit.distributed.from_rank_zero import (
 )
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.distributed.strategy_parts.construction import prepare_for_state
 from easyfit.parts.losses import resolve_loss
 from easyfit.parts.metrics import MetricSet, metric_names
@@ -29,7 +30,6 @@ from easyfit.saving.export import example_of, export_net
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
 from easyfit.training.fit_options import FitOptions, LoopOptions
-from easyfit.training.loop import TrainingObjects
 from easyfit.training.on_batch import OnBatchCalls
 from easyfit.training.on_rank import EVALUATE, FIT, PREDICT, call_on_rank, fit_callbacks
 from easyfit.training.plan import plan_call
@@ -120,8 +120,8 @@ class Model(OnBatchCalls):
         return (self.running or self._last_call).strategy
 
     @property
-    def _training(self) -> TrainingObjects | None:
-        """What the strategy's setup returned, while a fit trains."""
+    def _training(self) -> Fit | None:
+        """The fit's own object (what the strategy's setup returned), while a fit trains."""
         return None if self.running is None else self.running.training
 
     @property
@@ -226,26 +226,25 @@ class Model(OnBatchCalls):
         called on every rank or under `if model.is_global_zero:`; only global rank 0 writes."""
         state = self.checkpoint_state()
         if self._training is not None:
-            self.strategy.save_checkpoint(os.fspath(path), state)
+            self._training.save_checkpoint(os.fspath(path), state)
         elif self.is_global_zero:
             save_checkpoint_file(os.fspath(path), state)
 
     def net_state(self) -> dict:
         """The net's full state dict; inside fit it is read through the strategy (call it on every rank)."""
-        strategy, objects = self._state_owner()
-        return strategy.module_state(objects.net)
+        return self._state_owner().module_state()
 
     def load_net_state(self, state: dict) -> None:
         """Load a full state dict into the net; inside fit through the strategy (call it on every rank)."""
-        strategy, objects = self._state_owner(loading=True)
-        strategy.load_module_state(objects.net, state)
+        self._state_owner(loading=True).load_module_state(state)
 
-    def _state_owner(self, loading: bool = False) -> tuple[Strategy, TrainingObjects]:
-        """Who reads and loads state: the strategy and its training objects inside fit; the plain objects after."""
+    def _state_owner(self, loading: bool = False) -> Fit:
+        """Whose state is read and loaded: the fit's objects inside fit (through its strategy); the Model's own
+        after, the plain way."""
         if self._training is not None:
-            return self.strategy, self._training
+            return self._training
         prepare_for_state(self.net, loading)   # a net built sharded that holds no weights yet
-        return PLAIN, TrainingObjects(self.net, self.optimizer, self.scheduler)
+        return Fit(strategy=PLAIN, net=self.net, optimizer=self.optimizer, scheduler=self.scheduler)
 
     @classmethod
     def load(cls, path: str | os.PathLike, net: nn.Module, loss: Any = None, optimizer: Any = None,

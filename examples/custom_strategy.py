@@ -19,12 +19,13 @@ import torch.distributed as dist
 from torch import nn
 
 import easyfit
-from easyfit.strategies import FitState, ParallelStrategy
+from easyfit.strategies import Fit, ParallelStrategy
 
 
-@dataclass
-class AllReduceFit(FitState):
-    """What one fit holds on a rank: the parameters whose gradients are averaged, and whether this step averages."""
+@dataclass(kw_only=True)
+class AllReduceFit(Fit):
+    """What one fit holds on a rank besides its net and optimizer: the parameters whose gradients are averaged, and
+    whether this step averages them."""
     trained_parameters: list
     synchronise: bool = True
 
@@ -34,30 +35,30 @@ class AllReduceStrategy(ParallelStrategy):
 
     name = "allreduce"
 
-    def setup(self, net, optimizer, scheduler=None):
-        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)   # moves the net to this rank's device
+    def setup(self, net, optimizer, scheduler=None, settings=None):
+        net = super().setup(net, optimizer, scheduler, settings).net   # moved to this rank's device
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        self.fit_state = AllReduceFit([p for p in net.parameters() if p.requires_grad])
-        return net, optimizer, scheduler
+        return AllReduceFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler,
+                            trained_parameters=[p for p in net.parameters() if p.requires_grad])
 
-    def backward(self, loss, precision):
-        super().backward(loss, precision)
-        if not self.fit_state.synchronise:
+    def backward(self, fit, loss, precision):
+        super().backward(fit, loss, precision)
+        if not fit.synchronise:
             return
-        for param in self.fit_state.trained_parameters:
+        for param in fit.trained_parameters:
             if param.grad is None:   # unused in this step: a zero gradient keeps every rank's reduce in step
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)
             param.grad /= self.world_size
 
     @contextlib.contextmanager
-    def no_sync(self, net):
-        self.fit_state.synchronise = False
+    def no_sync(self, fit):
+        fit.synchronise = False
         try:
             yield
         finally:
-            self.fit_state.synchronise = True
+            fit.synchronise = True
 
 
 easyfit.strategies.register(AllReduceStrategy)   # fit(strategy="allreduce"), as the built-in names

@@ -50,7 +50,7 @@ class WeightAveraging(Callback):
     def _local(self) -> list[torch.Tensor]:
         """This rank's training tensors, where they are now."""
         model = self.model
-        return model.strategy.local_tensors(model._training.net, self.use_buffers)
+        return model._training.local_tensors(self.use_buffers)
 
     def _clone_net_state(self) -> dict:
         """The net's full state (a collective under a sharded strategy: every rank calls it), copied; whole tensors
@@ -262,11 +262,11 @@ class SWA(WeightAveraging):
     def _finish(self) -> None:
         """BatchNorm statistics for the averaged weights: one pass over this rank's training batches, averaged over
         the ranks, loaded into the net through the strategy."""
-        model, training = self.model, self.model._training
+        model = self.model
         if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.net.modules()):
             return
-        net, precision = model.strategy.module_for_eval(training.net), model.precision
-        inputs = ([split_batch(precision.convert_input(batch))[0]] for batch in training.train_batches)
+        net, precision = model._training.module_for_eval(), model.precision
+        inputs = ([split_batch(precision.convert_input(batch))[0]] for batch in model.running.train_batches)
         update_bn(inputs, _Call(net))
         state = self._clone_net_state()
         for name, module in net.named_modules():

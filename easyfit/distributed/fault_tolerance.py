@@ -155,7 +155,7 @@ def save(model, path: str) -> None:
     state = {**model.checkpoint_state(), WORLD_KEY: {"world_size": strategy.world_size,
                                                      "batch_factor": strategy.batch_factor}}
     partial = f"{path}.partial"
-    strategy.save_checkpoint(partial, state)
+    model._training.save_checkpoint(partial, state)
     if strategy.is_global_zero:
         replace(partial, path)
 

@@ -99,9 +99,10 @@ def effective_batch(batch_size: int, strategy, accumulate: int = 1) -> int:
 
 
 def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float,
-             accumulate: int = 1) -> str:
+             accumulate: int = 1, fit=None) -> str:
     """'effective batch 32 = 16 × 2 processes; lr 0.05 → 0.1 (linear)' (with accumulation: 'effective batch 64 =
-    16 × 2 processes × 2 accumulated batches; ...'). The LR's factor is the processes' alone (`lr_multiplier`)."""
+    16 × 2 processes × 2 accumulated batches; ...'), with what the strategy's setup chose for `fit`. The LR's factor
+    is the processes' alone (`lr_multiplier`)."""
     factor = strategy.batch_factor
     text = f"effective batch {effective_batch(batch_size, strategy, accumulate)} = {batch_size} × {factor} " \
            f"{strategy.describe_batch_factor()}"
@@ -110,7 +111,7 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     for note in (strategy.selection_note, strategy.auto_reason):
         if note:
             text = f"{note}; {text}"
-    for setup in (strategy.describe_setup(), strategy.threads_note):
+    for setup in (strategy.describe_setup(fit), strategy.threads_note):
         if setup:
             text = f"{text}; {setup}"
     lrs = [group["lr"] for group in optimizer.param_groups]

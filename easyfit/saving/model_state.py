@@ -19,15 +19,15 @@ CALL_OBJECTS = ("history", "_last_call")
 
 def checkpoint_state(model) -> dict:
     """Everything needed to resume training exactly."""
-    strategy, objects = model._state_owner()
+    fit = model._state_owner()
     return {
         "spec": model.spec,
-        "net": strategy.module_state(objects.net),
-        "optimizer": strategy.optimizer_state(objects.optimizer),
-        "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
+        "net": fit.module_state(),
+        "optimizer": fit.optimizer_state(),
+        "scheduler": fit.scheduler.state_dict() if fit.scheduler is not None else None,
         "scaler": model.precision.state_dict(),
         "epoch": model.completed_epochs,
-        "position": model.position.state_dict(strategy, model.metrics),
+        "position": model.position.state_dict(fit.strategy, model.metrics),
         "lr_multiplier": model._lr_multiplier,   # the scale the fit's steps took (the optimizer holds the rates
         "unscaled_lrs": True,                    # before it; older checkpoints held them scaled)
         "history": model.history.state_dict(),
@@ -48,13 +48,13 @@ def random_states(strategy) -> dict:
 
 def restore(model, state: dict, training: bool = False) -> None:
     """Load a checkpoint state; with `training`, also the RNG, scaler and callback states (for resuming)."""
-    strategy, objects = model._state_owner(loading=True)
-    strategy.load_module_state(objects.net, state["net"])
-    strategy.load_optimizer_state(objects.optimizer, state["optimizer"])
-    if objects.scheduler is not None and state.get("scheduler") is not None:
-        objects.scheduler.load_state_dict(state["scheduler"])
+    fit = model._state_owner(loading=True)
+    fit.load_module_state(state["net"])
+    fit.load_optimizer_state(state["optimizer"])
+    if fit.scheduler is not None and state.get("scheduler") is not None:
+        fit.scheduler.load_state_dict(state["scheduler"])
     if not state.get("unscaled_lrs"):   # written by an older easyfit, whose optimizer held the scaled rates
-        rescale_learning_rates(objects.optimizer, objects.scheduler, 1.0 / state.get("lr_multiplier", 1.0))
+        rescale_learning_rates(fit.optimizer, fit.scheduler, 1.0 / state.get("lr_multiplier", 1.0))
     model.completed_epochs = state["epoch"]
     model.history.load_state_dict(state["history"])
     if training:

@@ -31,12 +31,11 @@ from easyfit.training.loop import eval_mode
 from easyfit.utils.tensors import map_tensors
 
 
-def prepare_fit_data(model, net: nn.Module, train: BatchSource,
-                     val: BatchSource | None) -> dict[BatchSource, FirstStep]:
+def prepare_fit_data(model, fit, train: BatchSource, val: BatchSource | None) -> dict[BatchSource, FirstStep]:
     """Before the first epoch: in-memory data conformed to the net, and the validation data's first batch checked
     (the one forward pass run ahead of training); the first steps of the training and validation batches, by
     batches, for the loop (`Loop.first_steps`)."""
-    eval_net = model.strategy.module_for_eval(net)   # a sharding strategy gathers a copy per call: one for all three
+    eval_net = fit.module_for_eval()   # a sharding strategy gathers a copy per call: one for all three
     first_steps = {train: prepare(model, eval_net, train, "the training data", training=True)}
     if val is not None:
         first_steps[val] = prepare(model, eval_net, val, "the validation data")
@@ -46,7 +45,7 @@ def prepare_fit_data(model, net: nn.Module, train: BatchSource,
 
 def prepare(model, eval_net: nn.Module, batches: BatchSource, source: str, training: bool = False,
             targets: bool = True) -> FirstStep:
-    """Conform in-memory data to the net evaluation runs (`strategy.module_for_eval`'s); the `FirstStep` the loop
+    """Conform in-memory data to the net evaluation runs (the fit's `module_for_eval`); the `FirstStep` the loop
     runs as the first batch of `batches`."""
     precision = model.precision
     data = batch_source(batches)

@@ -154,7 +154,7 @@ LOOP_SETTINGS = [Option("scheduler_interval", "epoch", "when the scheduler steps
 
 class TrainingSettings(Values):
     """How fit trains (the fit options marked `setting`, the scheduler's interval, the precision); the strategy sees
-    them before `setup` (`Strategy.configure_training`); read-only."""
+    them in `setup` (`Strategy.setup(..., settings)`); read-only."""
 
     title = "training settings"
 

@@ -13,6 +13,7 @@ from easyfit.callbacks.logs import Logs
 from easyfit.data.batches import TensorBatches, batch_source, epoch_length, peek_first_batch
 from easyfit.data.contents import batch_length, call_net, split_batch
 from easyfit.data.predict_inputs import PredictInputs
+from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.item_counts import item_counting
 from easyfit.parts.metrics import MetricSet
 from easyfit.parts.outputs import prediction
@@ -26,15 +27,6 @@ from easyfit.utils.tensors import on_cpu
 
 #: the gradient-sync context of a step that synchronises as usual (reused: a null context holds no state)
 SYNC = contextlib.nullcontext()
-
-
-@dataclass
-class TrainingObjects:
-    """The net, optimizer and scheduler a strategy's `setup` returned: what trains until the fit ends."""
-    net: torch.nn.Module
-    optimizer: Any = None
-    scheduler: Any = None
-    train_batches: Any = None   # the fit's training batches (SWA's BatchNorm pass reads them)
 
 
 @dataclass
@@ -57,10 +49,11 @@ class TrainingEpoch:
 class Loop:
     """Runs epochs of training, evaluation and prediction for one process."""
 
-    def __init__(self, model, strategy, callbacks: CallbackList, objects: TrainingObjects,
-                 settings: TrainingSettings | None = None, rates=None, first_steps: dict | None = None):
-        self.model, self.strategy, self.callbacks = model, strategy, callbacks
-        self.net, self.optimizer, self.scheduler = objects.net, objects.optimizer, objects.scheduler
+    def __init__(self, model, callbacks: CallbackList, fit: Fit, settings: TrainingSettings | None = None, rates=None,
+                 first_steps: dict | None = None):
+        """`fit`: the fit's own object (its strategy's `setup` made it), or outside fit the Model's objects."""
+        self.model, self.strategy, self.callbacks, self.training = model, fit.strategy, callbacks, fit
+        self.net, self.optimizer, self.scheduler = fit.net, fit.optimizer, fit.scheduler
         self.precision: Precision = model.precision
         self.metrics: MetricSet = model.metrics
         self.settings = settings or TrainingSettings()
@@ -127,7 +120,7 @@ class Loop:
         if not first:   # a resumed epoch's metrics hold the state of its batches before the checkpoint
             self.metrics.reset()
         step = first - 1
-        with strategy.uneven_inputs(net) if uneven else SYNC:
+        with self.training.uneven_inputs() if uneven else SYNC:
             feed = iter(strategy.feed(remaining))
             if self.items is not None:
                 epoch_run.counted = self.items.epoch(strategy, accumulate, num_batches, across_ranks=not uneven)
@@ -149,21 +142,21 @@ class Loop:
         then at the end of an accumulation window clipping and the optimizer step (`_optimizer_step`), then the
         logs and hooks; the forward with the loss and the optimizer step may be compiled parts (compile=). Whether
         to stop."""
-        strategy, optimizer, precision, net = self.strategy, self.optimizer, self.precision, self.net
+        fit, precision = self.training, self.precision
         accumulate = epoch_run.accumulate
         self.begin_batch(step, epoch_run)
         inputs, target = split_batch(precision.convert_input(batch))
         boundary = accumulate == 1 or (step + 1) % accumulate == 0 or step + 1 == epoch_run.num_batches
-        with (SYNC if boundary else strategy.no_sync(net)):   # also tells an accumulating backend
+        with (SYNC if boundary else fit.no_sync()):   # also tells an accumulating backend
             if accumulate == 1 or step % accumulate == 0:   # a new accumulation window: fresh gradients
-                strategy.zero_grad(optimizer)
+                fit.zero_grad()
             step_fn, divisor, items = self._forward_and_loss(epoch_run)
-            output, target, loss = strategy.training_step(net, inputs, target, step_fn, precision, divisor)
+            output, target, loss = fit.training_step(inputs, target, step_fn, precision, divisor)
             self.first_steps.pop(epoch_run.batches, None)   # a first batch's checks ran in its real step
         if boundary:
             self._optimizer_step()
         elif epoch_run.divisor == 1 and accumulate > 1:   # the backend accumulates: it sees every micro-step
-            strategy.optimizer_step(optimizer, precision)
+            fit.optimizer_step(precision)
         loss = loss.detach()
         size = self.track(epoch_run, loss, inputs, target, output, items)
         return self.end_batch(step, epoch_run, loss if items is None else CountedMean(loss, *items), size)
@@ -265,14 +258,14 @@ class Loop:
         self.compiled_optimizer_step = self.steps.optimizer_step(self.optimizer, self.precision, self.strategy)
 
     def _optimizer_step(self) -> None:
-        settings, optimizer, strategy = self.settings, self.optimizer, self.strategy
+        settings = self.settings
         self.before_step()
-        if settings.gradient_clip_val is not None and not strategy.handles_clipping:
-            strategy.clip_gradients(self.net, optimizer, settings.gradient_clip_val, self.precision)
+        if settings.gradient_clip_val is not None and not self.strategy.handles_clipping:
+            self.training.clip_gradients(settings.gradient_clip_val, self.precision)
         if self.compiled_optimizer_step is not None:
             self.compiled_optimizer_step()
         else:
-            strategy.optimizer_step(optimizer, self.precision)
+            self.training.optimizer_step(self.precision)
         self.after_step()
 
     def before_step(self) -> None:
@@ -311,7 +304,7 @@ class Loop:
         first_step, plain = self.first_steps.get(batches), step_function(forward_loss, self.loss_fn, None)
         items = self.items or self._item_steps(batches)
         callbacks.call("on_test_begin", None)   # before the module is made: a callback may swap the weights (EMA)
-        net = self.strategy.module_for_eval(self.net)
+        net = self.training.module_for_eval()
         with eval_mode(net):
             for step, (batch, counted) in enumerate(self._eval_batches(batches)):
                 if not counted:   # a sharded net: another rank still evaluates, and its forward needs this one
@@ -346,7 +339,7 @@ class Loop:
 
     def _eval_batches(self, batches):
         """(batch, counted) pairs; a sharded net runs in step with the other ranks (see easyfit.training.lockstep)."""
-        if not self.strategy.forward_in_lockstep(self.net):
+        if not self.training.forward_in_lockstep():
             return ((batch, True) for batch in self.strategy.feed(batches))
         return in_lockstep(batches, self.strategy, lambda: peek_first_batch(self.train_batches))
 
@@ -355,7 +348,7 @@ class Loop:
         """This process's outputs, batch by batch, moved to the CPU."""
         precision, callbacks = self.precision, self.callbacks
         callbacks.call("on_predict_begin", None)   # before the module is made, as on_test_begin
-        net = self.strategy.module_for_eval(self.net)
+        net = self.training.module_for_eval()
         outputs, to_inputs, forward = [], PredictInputs(net), self.steps.step("predict")
         first_step, plain = self.first_steps.get(batches), step_function(forward, None, None)
         with eval_mode(net):

@@ -18,14 +18,14 @@ from easyfit.data.weights import validation_weight, weigh_batches
 from easyfit.distributed import fault_tolerance
 from easyfit.distributed.from_rank_zero import callback_attributes, recorded_warnings
 from easyfit.distributed.run_options import RunOptions
-from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.distributed.unused_parameters import explain_unused_parameters
 from easyfit.parts.lr_scaling import StepRates, describe, effective_batch, lr_multiplier, track_optimizer_steps
 from easyfit.saving.resume import EpochPosition
 from easyfit.training.call_kind import CallKind
 from easyfit.training.first_batch import prepare, prepare_fit_data
 from easyfit.training.fit_options import FitOptions, TrainingSettings
-from easyfit.training.loop import Loop, TrainingObjects
+from easyfit.training.loop import Loop
 from easyfit.training.plan import LoopOptions, Plan, check_fit_call, check_loop_call
 from easyfit.training.running_call import RunningCall
 
@@ -64,7 +64,7 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
 
 
 def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
-    """Train `model` on (x, y) under its strategy; every rank ends with the trained state (the strategy's `end_fit`)."""
+    """Train `model` on (x, y) under its strategy; every rank ends with the trained state (the fit's `end`)."""
     call = model.running
     strategy, precision = call.strategy, call.precision
     validation_data, val_weight = validation_weight(options.validation_data)   # (x, y, w) -> (x, y), w
@@ -82,29 +82,35 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     val = None if val is None else limit_steps(val, options.validation_steps, "validation")
     precision.convert_module(model.net)
     settings = TrainingSettings.of(options, scheduler_interval=model.scheduler_interval, precision=precision.name)
-    strategy.configure_training(settings)
-    user_optimizer, user_scheduler = model.optimizer, model.scheduler
-    objects = TrainingObjects(*strategy.setup(model.net, user_optimizer, user_scheduler), train_batches=train)
-    track_optimizer_steps(objects.scheduler)
-    # until the fit ends, Model and the callbacks use what the strategy returned, and this fit's loss (weighted
-    # when weights were given)
-    call.training, call.loss_fn = objects, weighted_loss
+    user_optimizer = model.optimizer
+    fit = strategy.setup(model.net, user_optimizer, model.scheduler, settings)
+    if not isinstance(fit, Fit):
+        raise TypeError(f"{type(strategy).__qualname__}.setup returned {type(fit).__name__}, not the fit's object: "
+                        "setup now returns an easyfit.strategies.Fit (Fit(strategy=self, net=..., optimizer=..., "
+                        "scheduler=...), or a subclass holding what the backend keeps); see docs/strategies.md")
+    track_optimizer_steps(fit.scheduler)
+    # until the fit ends, Model and the callbacks use the fit's objects, and this fit's loss (weighted when weights
+    # were given)
+    call.training, call.loss_fn, call.train_batches = fit, weighted_loss, train
     try:
-        train_epochs(model, options, train, val, settings, objects)
+        train_epochs(model, options, train, val, settings, fit)
+    except BaseException:
+        fit.abandon()
+        raise
     finally:
-        call.training = call.loss_fn = None
-    strategy.end_fit(model.net, user_optimizer, objects.net, objects.optimizer)   # every rank, on success
+        call.training = call.loss_fn = call.train_batches = None
+    fit.end(model.net, user_optimizer)   # every rank, on success
     return model.history
 
 
-def train_epochs(model, options: FitOptions, train, val, settings: TrainingSettings, objects: TrainingObjects) -> None:
+def train_epochs(model, options: FitOptions, train, val, settings: TrainingSettings, fit: Fit) -> None:
     """The epochs of a fit, with LR scaling, a resumed or fault-tolerance checkpoint, warmup and the callbacks."""
-    call, strategy, optimizer = model.running, model.strategy, objects.optimizer
+    call, strategy, optimizer = model.running, model.strategy, fit.optimizer
     multiplier = call.lr_multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
     rates = StepRates(optimizer, 1.0)
     try:
         model.history = History()
-        params = fit_params(model, options, strategy, optimizer, multiplier, batch_count(train),
+        params = fit_params(model, options, fit, multiplier, batch_count(train),
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
         restartable = fault_tolerance.restartable_fit(options.fault_tolerance,
@@ -113,7 +119,7 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         callbacks = call.callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
         resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
                        or options.resume_from)
-        state = None if resume_from is None else strategy.load_checkpoint(resume_from)
+        state = None if resume_from is None else fit.load_checkpoint(resume_from)
         if state is not None:
             model.restore(state, training=True)
             model.history.set_params(params)   # this fit's settings, not those of the fit that saved
@@ -127,9 +133,9 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
             print(params["summary"])
         call.stop_training = False
         # after a resume: a bad checkpoint runs no forward
-        first_steps = prepare_fit_data(model, objects.net, train, val)
+        first_steps = prepare_fit_data(model, fit, train, val)
         with exceptions_told(callbacks):
-            Loop(model, strategy, callbacks, objects, settings, rates, first_steps).fit(
+            Loop(model, callbacks, fit, settings, rates, first_steps).fit(
                 train, val, options.epochs, initial_epoch, options.validation_freq)
     finally:   # a step that raised leaves the schedule's rates too
         rates.release()
@@ -163,11 +169,11 @@ def step_rates(options: FitOptions, train, optimizer, multiplier: float, initial
                      steps_done=initial_epoch * steps_per_epoch + position.batches_done // accumulate)
 
 
-def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multiplier: float,
-               steps_per_epoch: int | None, batch_size: int | None = None) -> dict:
+def fit_params(model, options: FitOptions, fit: Fit, multiplier: float, steps_per_epoch: int | None,
+               batch_size: int | None = None) -> dict:
     """The fit's params for the callbacks (Keras' `self.params`); `batch_size`: the per-process batch of the data
     when it says (a DataLoader used as given), else fit's."""
-    batch_size = batch_size or options.batch_size
+    strategy, batch_size = fit.strategy, batch_size or options.batch_size
     return {
         "epochs": options.epochs, "batch_size": batch_size, "verbose": options.verbose,
         "validation_freq": options.validation_freq,
@@ -177,8 +183,8 @@ def fit_params(model, options: FitOptions, strategy: Strategy, optimizer, multip
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
         "strategy": strategy.name, "precision": model.precision.name,
-        "summary": describe(batch_size, strategy, options.lr_scaling, optimizer, multiplier,
-                            options.gradient_accumulation_steps),
+        "summary": describe(batch_size, strategy, options.lr_scaling, fit.optimizer, multiplier,
+                            options.gradient_accumulation_steps, fit),
     }
 
 
@@ -187,7 +193,7 @@ def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
     model.precision.convert_module(model.net)
     display = progress_callbacks(verbose, strategy.is_global_zero)
     callback_list = CallbackList([*display, *callbacks], model, {"verbose": verbose})
-    return Loop(model, strategy, callback_list, TrainingObjects(model.net))
+    return Loop(model, callback_list, Fit(strategy=strategy, net=model.net))
 
 
 def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = False, targets: bool = True, **options):
@@ -202,8 +208,7 @@ def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = Fa
 def evaluate_on_rank(model, run: RunOptions, x, y, options: LoopOptions) -> dict:
     batches = call_batches(model, run, x, y, options.batch_size)
     loop = eval_loop(model, options.verbose, options.callbacks)
-    loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches,
-                                        "the evaluation data")
+    loop.first_steps[batches] = prepare(model, loop.training.module_for_eval(), batches, "the evaluation data")
     with exceptions_told(loop.callbacks):
         return loop.evaluate(batches)
 
@@ -212,8 +217,7 @@ def predict_on_rank(model, run: RunOptions, x, y, options: LoopOptions):
     strategy = model.strategy
     batches = call_batches(model, run, x, y, options.batch_size, targets=False, inputs_only=True)
     loop = eval_loop(model, options.verbose, options.callbacks)
-    loop.first_steps[batches] = prepare(model, model.strategy.module_for_eval(model.net), batches, "the data",
-                                        targets=False)
+    loop.first_steps[batches] = prepare(model, loop.training.module_for_eval(), batches, "the data", targets=False)
     with exceptions_told(loop.callbacks):
         outputs = loop.predict(batches)
     tensors = all(isinstance(output, torch.Tensor) for output in outputs)

@@ -7,8 +7,8 @@ from typing import Any
 
 from easyfit.callbacks.base import CallbackList
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.precision import Precision
-from easyfit.training.loop import TrainingObjects
 
 
 @dataclass
@@ -18,7 +18,8 @@ class RunningCall:
     strategy: Strategy
     precision: Precision
     identity: tuple[int, int] | None = None   # (rank, world size) of a multi-process call
-    training: TrainingObjects | None = None   # what the strategy's setup returned, while the fit trains
+    training: Fit | None = None   # the fit's own object (what the strategy's setup returned), while the fit trains
+    train_batches: Any = None   # the fit's training batches (SWA's BatchNorm pass reads them)
     loss_fn: Any = None   # the fit's loss (weighted when weights were given); None: the Model's own
     lr_multiplier: float = 1.0   # the optimizer keeps the schedule's rates; each step takes them scaled
     callbacks: CallbackList | None = None   # a fit's: the History, the progress display, the user's callbacks

@@ -139,8 +139,8 @@ def _net_and_adam():
 def test_contract_with_bagua_gets_the_optimizer_and_the_named_algorithm(algorithm, options, fake_bagua):
     net, optimizer = _net_and_adam()
     strategy = configured(BaguaStrategy(algorithm, **options))
-    trained, returned, scheduler = strategy.setup(net, optimizer, None)
-    assert trained is net and returned is optimizer and scheduler is None
+    fit = strategy.setup(net, optimizer, None)
+    assert fit.net is net and fit.optimizer is optimizer and fit.scheduler is None
     (optimizers, built), = fake_bagua.with_bagua
     assert optimizers == [optimizer]
     assert type(built).__name__ == ALGORITHMS[algorithm].cls and built.options == options
@@ -161,21 +161,21 @@ def test_contract_qadam_needs_bagua_qadam_optimizer(fake_bagua):
 def test_contract_async_averaging_pauses_for_evaluation_and_stops_after_training(fake_bagua):
     net, optimizer = _net_and_adam()
     strategy = configured(BaguaStrategy("async", sync_interval_ms=50))
-    net, optimizer, _ = strategy.setup(net, optimizer)
-    assert strategy.module_for_eval(net) is net
-    strategy.module_for_eval(net)   # a second evaluation before training resumes: aborted once only
+    fit = strategy.setup(net, optimizer)
+    assert fit.module_for_eval() is net
+    fit.module_for_eval()   # a second evaluation before training resumes: aborted once only
     assert net.bagua_algorithm.calls == ["abort"]
-    strategy.zero_grad(optimizer)   # the next training step
+    fit.zero_grad()   # the next training step
     assert net.bagua_algorithm.calls == ["abort", "resume"]
-    strategy.end_fit(net, optimizer, net, optimizer)
+    fit.end(net, optimizer)
     assert net.bagua_algorithm.calls == ["abort", "resume", "abort"]
 
 
 def test_contract_accumulation_micro_steps_switch_bagua_gradient_sync_off(fake_bagua):
     net, optimizer = _net_and_adam()
     strategy = configured(BaguaStrategy())
-    net, _, _ = strategy.setup(net, optimizer)
-    with strategy.no_sync(net):
+    fit = strategy.setup(net, optimizer)
+    with fit.no_sync():
         assert net.bagua_ddp.require_backward_grad_sync is False
     assert net.bagua_ddp.require_backward_grad_sync is True
 

@@ -367,8 +367,8 @@ def test_a_strategy_with_its_own_optimizer_step_is_not_compiled_past_it():
     from easyfit.distributed.strategies.base import Strategy
 
     class OwnStep(Strategy):
-        def optimizer_step(self, optimizer, precision):
-            precision.optimizer_step(optimizer)
+        def optimizer_step(self, fit, precision):
+            precision.optimizer_step(fit.optimizer)
 
     class SaysPlain(OwnStep):
         plain_optimizer_step = True

@@ -148,7 +148,7 @@ class GradientKinds(easyfit.callbacks.Callback):
         self.views = set()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.views |= {p.grad._base is not None for p in self.model.strategy.fit_state.wrapped.parameters()}
+        self.views |= {p.grad._base is not None for p in self.model._training.net.parameters()}
 
 
 @pytest.mark.parametrize("as_views", [True, False])

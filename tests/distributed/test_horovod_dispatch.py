@@ -66,9 +66,8 @@ def test_missing_horovod_names_the_install_script(monkeypatch):
 
 
 def test_gradient_accumulation_becomes_backward_passes_per_step():
-    strategy = HorovodStrategy()
-    strategy.configure_training(SimpleNamespace(gradient_accumulation_steps=4))
-    assert strategy.backward_passes_per_step == 4
+    assert HorovodStrategy.backward_passes_per_step(SimpleNamespace(gradient_accumulation_steps=4)) == 4
+    assert HorovodStrategy.backward_passes_per_step(None) == 1
 
 
 def test_bad_compression_is_refused_up_front():

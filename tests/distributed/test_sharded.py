@@ -335,8 +335,7 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
     strategy = easyfit.strategies.DeepSpeed(stage=3, offload_optimizer=True, offload_parameters=True,
                                             allgather_bucket_size=5e8, reduce_bucket_size=5e8)
     assert isinstance(strategy, DeepSpeedStrategy)
-    strategy.configure_training(TrainingSettings(batch_size=16, gradient_accumulation_steps=4, precision="bf16-mixed"))
-    config = strategy.config()
+    config = strategy.config(TrainingSettings(batch_size=16, gradient_accumulation_steps=4, precision="bf16-mixed"))
     assert config["train_micro_batch_size_per_gpu"] == 16 and config["gradient_accumulation_steps"] == 4
     assert config["gradient_clipping"] == 2.0 and config["bf16"] == {"enabled": True}
     assert config["zero_optimization"]["reduce_bucket_size"] == 1000   # the user's key won
@@ -345,8 +344,7 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
     assert config["zero_force_ds_cpu_optimizer"] is False
     monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG")
     plain = easyfit.strategies.DeepSpeed()
-    plain.configure_training(TrainingSettings())
-    assert plain.config()["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"
+    assert plain.config(TrainingSettings())["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"
 
 
 def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monkeypatch):
@@ -357,15 +355,13 @@ def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monk
     assert bucket_elements(33_600_000) == 1_050_624 and bucket_elements(20_000) == 20_480
     assert bucket_elements(10 ** 11) == 499_999_744 and bucket_elements(12_345) % 1024 == 0   # DeepSpeed's alignment
     stage3 = easyfit.strategies.DeepSpeed(stage=3)
-    stage3.configure_training(TrainingSettings())
-    zero = stage3.config(num_params=33_600_000)["zero_optimization"]
+    zero = stage3.config(TrainingSettings(), num_params=33_600_000)["zero_optimization"]
     assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1_050_624
     assert zero["stage3_prefetch_bucket_size"] == 1_050_624
-    assert DeepSpeedConfig.describe(stage3.config(33_600_000)) == \
+    assert DeepSpeedConfig.describe(stage3.config(TrainingSettings(), 33_600_000)) == \
         "DeepSpeed buckets (elements): reduce_bucket 1.05e+06, allgather_bucket 1.05e+06, prefetch_bucket 1.05e+06"
     given = easyfit.strategies.DeepSpeed(reduce_bucket_size=4e6, config={"zero_optimization": {"overlap_comm": False}})
-    given.configure_training(TrainingSettings())
-    zero = given.config(num_params=33_600_000)["zero_optimization"]
+    zero = given.config(TrainingSettings(), num_params=33_600_000)["zero_optimization"]
     assert zero["reduce_bucket_size"] == 4_000_000 and zero["allgather_bucket_size"] == 1_050_624
     assert zero["overlap_comm"] is False and "stage3_prefetch_bucket_size" not in zero
 

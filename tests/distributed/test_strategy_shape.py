@@ -63,7 +63,7 @@ class OldContract(SingleDeviceStrategy):
     name = "old_contract"
     handles_clipping = True
 
-    def clip_gradients(self, net, optimizer, max_norm, precision):
+    def clip_gradients(self, fit, max_norm, precision):
         raise AssertionError("the loop clipped, though the strategy said it clips itself")
 
 
@@ -89,7 +89,7 @@ def test_a_strategy_of_your_own_declares_its_flags_once():
     class Declared(Strategy):
         capabilities = Capabilities(handles_accumulation=True)
 
-        def optimizer_step(self, optimizer, precision):
-            precision.optimizer_step(optimizer)
+        def optimizer_step(self, fit, precision):
+            precision.optimizer_step(fit.optimizer)
 
     assert Declared().handles_accumulation and not Declared.plain_optimizer_step   # its own step: not compiled past

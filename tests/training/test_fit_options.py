@@ -89,8 +89,9 @@ def cached(self, key, build):
 
 compiling.CompiledSteps._cached = cached
 from easyfit.distributed.strategies.base import Strategy
-configure_training = Strategy.configure_training
-Strategy.configure_training = lambda self, given: settings.append(given) or configure_training(self, given)
+setup = Strategy.setup
+Strategy.setup = lambda self, net, optimizer, scheduler=None, given=None: (settings.append(given)
+                                                                          or setup(self, net, optimizer, scheduler, given))
 model = Model(torch.nn.Linear(2, 2), optimizer="sgd")
 try:
     with warnings.catch_warnings():

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 
 from easyfit.distributed.environments import ClusterEnvironment
-from easyfit.distributed.strategies.base import FitState, Strategy
+from easyfit.distributed.strategies.base import Strategy
 from easyfit.distributed.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from easyfit.distributed.strategies.states import Fit
 
 DDP_IMPORT = "from easyfit.distributed.strategies.ddp import DDPStrategy"
 
@@ -78,11 +79,12 @@ def import_bagua(algorithm: str):
             f"{torch_equivalent(algorithm)} See docs/bagua.md.") from error
 
 
-@dataclass
-class BaguaFit(FitState):
-    """A Bagua fit: the net whose asynchronous averaging is aborted for an evaluation (None: running)."""
+@dataclass(kw_only=True)
+class BaguaFit(Fit):
+    """A Bagua fit: its net is the one Bagua hooked into; whether its asynchronous averaging is aborted for an
+    evaluation."""
 
-    paused: torch.nn.Module | None = None
+    paused: bool = False
 
 
 class BaguaStrategy(ParallelStrategy):
@@ -130,12 +132,12 @@ class BaguaStrategy(ParallelStrategy):
         bagua.init_process_group(store, rank=self.global_rank, world_size=self.world_size,
                                  local_world_size=self.num_processes)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> BaguaFit:
         """`net.with_bagua([optimizer], algorithm)`: Bagua hooks into the net and the optimizer in place."""
-        net, optimizer, scheduler = Strategy.setup(self, net, optimizer, scheduler)
+        net = Strategy.setup(self, net, optimizer, scheduler, settings).net
         net = net.with_bagua([optimizer], self._make_algorithm(optimizer))
-        self.fit_state = BaguaFit()
-        return net, optimizer, scheduler
+        return BaguaFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
 
     def _make_algorithm(self, optimizer: torch.optim.Optimizer):
         spec = ALGORITHMS[self.algorithm]
@@ -149,32 +151,31 @@ class BaguaStrategy(ParallelStrategy):
                              "warmup_steps=100)).")
         return module.QAdamAlgorithm(optimizer, **self.algorithm_options)
 
-    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, fit: Fit) -> contextlib.AbstractContextManager:
+        net = fit.net
         return _without_gradient_sync(net.bagua_ddp) if hasattr(net, "bagua_ddp") else contextlib.nullcontext()
 
     # --- the asynchronous algorithm pauses around evaluation -----------------------
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+    def module_for_eval(self, fit: Fit) -> torch.nn.Module:
         """Stop background averaging while evaluating in a fit, so every rank evaluates fixed weights (after the fit
         it is stopped already: `end_fit`)."""
-        fit = self.fit_state
-        if self.algorithm == "async" and hasattr(net, "bagua_ddp") and fit is not None and fit.paused is None:
-            net.bagua_algorithm.abort(net)
-            fit.paused = net
-        return super().module_for_eval(net)
+        if self.algorithm == "async" and isinstance(fit, BaguaFit) and not fit.paused:
+            fit.net.bagua_algorithm.abort(fit.net)
+            fit.paused = True
+        return super().module_for_eval(fit)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+    def zero_grad(self, fit: BaguaFit) -> None:
         """The first step after an evaluation resumes the background averaging."""
-        fit = self.fit_state
-        if fit.paused is not None:
-            fit.paused.bagua_algorithm.resume(fit.paused)
-            fit.paused = None
-        super().zero_grad(optimizer)
+        if fit.paused:
+            fit.net.bagua_algorithm.resume(fit.net)
+            fit.paused = False
+        super().zero_grad(fit)
 
-    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
+    def end_fit(self, fit: BaguaFit, user_net, user_optimizer) -> None:
         """The fit ended: stop the background averaging (Bagua asks for abort after training)."""
-        if self.algorithm == "async" and self.fit_state.paused is None:
-            net.bagua_algorithm.abort(net)
-        super().end_fit(user_net, user_optimizer, net, optimizer)
+        if self.algorithm == "async" and not fit.paused:
+            fit.net.bagua_algorithm.abort(fit.net)
+        super().end_fit(fit, user_net, user_optimizer)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(algorithm={self.algorithm!r}, options={self.algorithm_options})"

@@ -1,18 +1,20 @@
 """The Strategy contract: everything Model, the loop and the callbacks may ask of a backend.
 
-A strategy owns the training objects (`setup` returns the net, optimizer and scheduler everyone uses until the fit
-ends), their state (read and loaded on every rank: for a sharded backend these are collectives), the step
-(backward, optimizer step, zeroing, clipping, the no-sync context) and the collectives. The base class is a
-correct single-process backend, so a backend overrides only what it does differently.
+A strategy makes a fit's objects (`setup` returns the fit's `Fit`: the net, optimizer and scheduler everyone uses
+until the fit ends, and what the backend keeps for it), reads and loads their state (on every rank: for a sharded
+backend these are collectives), runs the step (backward, optimizer step, zeroing, clipping, the no-sync context) and
+the collectives. The base class is a correct single-process backend, so a backend overrides only what it does
+differently. The step and state methods take the fit they act on first; the loop, the Model and the callbacks call
+them through the fit (`fit.backward(loss, precision)`).
 
 A strategy object is configuration (what the user and the connector set; pickled to spawned ranks), written by no
-method after `configure`. What one call holds in this process (process groups, a mesh, the CPU cores' share) is its
-`call_state` (`setup_environment` to `teardown`); what one fit holds (its settings, then the wrapped net, an engine,
-step flags) its `fit_state` (`configure_training` to `end_fit` or `teardown`). Neither is pickled.
+method of a fit. What one call holds in this process (process groups, a mesh, the CPU cores' share) is its
+`call_state` (`setup_environment` to `teardown`); what one fit holds is its `Fit`, held by the fit's caller.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Callable
@@ -24,11 +26,18 @@ from easyfit.data.batches import interleave
 from easyfit.data.samplers import EpochSampler, EvalSampler
 from easyfit.distributed.collectives import Collectives
 from easyfit.distributed.strategies.capabilities import NAMES, Capabilities
-from easyfit.distributed.strategies.states import CallState, ComingFit, FitState
+from easyfit.distributed.strategies.states import CallState, Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 
+#: the methods that take the fit they act on first (the earlier contract's took the net, optimizer, loss or path)
+TAKE_THE_FIT = ("training_step", "backward", "optimizer_step", "zero_grad", "no_sync", "uneven_inputs",
+                "clip_gradients", "module_for_eval", "forward_in_lockstep", "module_state", "load_module_state",
+                "optimizer_state", "load_optimizer_state", "local_tensors", "save_checkpoint", "load_checkpoint",
+                "end_fit", "describe_setup")
+#: what those methods took first in the earlier contract (`describe_setup` took nothing)
+EARLIER_FIRST_PARAMETERS = ("net", "optimizer", "loss", "path", "user_net", None)
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -49,11 +58,37 @@ class Capability:
         return getattr((cls if strategy is None else strategy).capabilities, self.name)
 
 
+def whole_tensors(module: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+    """`module`'s parameters, detached, and with `buffers` its floating buffers (see `Strategy.local_tensors`)."""
+    tensors = [param.detach() for param in module.parameters()]
+    return tensors + ([b for b in module.buffers() if b.is_floating_point()] if buffers else [])
+
+
 def flags_as_attributes(cls):
     """Class decorator of the base strategy: each flag also reads as an attribute (`strategy.handles_clipping`)."""
     for name in NAMES:
         setattr(cls, name, Capability(name))
     return cls
+
+
+def check_contract(cls) -> None:
+    """Refuse a strategy class written to the earlier contract (the step and state methods took the net or the
+    optimizer, `setup` returned a tuple and kept the fit in `self.fit_state`), saying what changed."""
+    def first(method) -> str | None:
+        parameters = list(inspect.signature(method).parameters)[1:]
+        return parameters[0] if parameters else None
+    old = [name for name in TAKE_THE_FIT
+           if callable(vars(cls).get(name)) and first(vars(cls)[name]) in EARLIER_FIRST_PARAMETERS]
+    setup = vars(cls).get("setup")
+    if callable(setup) and "settings" not in inspect.signature(setup).parameters:
+        old.append("setup")
+    if old:
+        raise TypeError(f"{cls.__qualname__} defines {', '.join(old)} as the earlier Strategy contract did. Now "
+                        "`setup(net, optimizer, scheduler=None, settings=None)` returns the fit's object, an "
+                        "easyfit.strategies.Fit (a subclass of it holds what your backend keeps for the fit, in "
+                        "place of `self.fit_state`), and the step and state methods take that fit first, e.g. "
+                        "`backward(self, fit, loss, precision)`, `no_sync(self, fit)`, with `fit.net` and "
+                        "`fit.optimizer`; see docs/strategies.md")
 
 
 def declared(cls, plain_step) -> Capabilities:
@@ -85,8 +120,6 @@ class Strategy:
     name = "single"
     #: the running call's state in this process (the backend's CallState, see the module's docstring); else None
     call_state: CallState | None = None
-    #: the running fit's state (ComingFit from `configure_training`, the backend's FitState from `setup`); else None
-    fit_state: FitState | None = None
 
     #: what this backend can do and what the connector and the loop must know (see capabilities.py); a subclass
     #: declares its own, and each flag also reads as an attribute (`strategy.handles_clipping`)
@@ -100,6 +133,7 @@ class Strategy:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        check_contract(cls)
         cls.capabilities = declared(cls, Strategy.optimizer_step)
 
     def __init__(self, device: torch.device | str | None = None):
@@ -140,9 +174,9 @@ class Strategy:
         self.__dict__.pop("_launcher", None)
 
     def __getstate__(self) -> dict:
-        """A copy sent to another process (a spawned rank) makes its own launcher there, and holds no fit."""
+        """A copy sent to another process (a spawned rank) makes its own launcher there."""
         state = self.__dict__.copy()
-        for per_call in ("_launcher", "call_state", "fit_state"):
+        for per_call in ("_launcher", "call_state"):
             state.pop(per_call, None)
         return state
 
@@ -155,8 +189,9 @@ class Strategy:
         """Words for the summary line: what `batch_factor` counts."""
         return "processes" if self.batch_factor != 1 else "process"
 
-    def describe_setup(self) -> str | None:
-        """Words for the summary line on what `setup` chose for this fit that the user did not set; None: nothing."""
+    def describe_setup(self, fit: Fit | None = None) -> str | None:
+        """Words for the summary line on what `setup` chose for `fit` (None: before one) that the user did not set;
+        None: nothing."""
         return None
 
     def check_precision(self, precision: str) -> None:
@@ -183,85 +218,73 @@ class Strategy:
         """The precision plugin for this call: `requested` (None: as `current`), on this process's device."""
         return current.for_run(requested, self.root_device)
 
-    def configure_training(self, settings) -> None:
-        """Called before `setup` in fit with the `TrainingSettings` (batch size, accumulation, clipping, precision):
-        the fit begins, its state holding them (`ComingFit`) for `setup` to build from (`training_settings`)."""
-        self.fit_state = ComingFit(settings)
-
-    @property
-    def training_settings(self):
-        """The coming fit's `TrainingSettings` until `setup` replaces the fit state; None when none were given."""
-        return self.fit_state.settings if isinstance(self.fit_state, ComingFit) else None
-
     def module_construction(self) -> contextlib.AbstractContextManager:
         """A context in which a net is built sharded from the start, taking no full copy of its parameters in any
         process (a null context here: the net is built as usual)."""
         return contextlib.nullcontext()
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        """Move the net (and the optimizer's state) to the device and wrap it for the backend.
-        Returns (net, optimizer, scheduler): Model, the loop and the callbacks use these until the fit ends. A backend
-        that keeps no fit state of its own keeps none (the coming fit's settings are dropped)."""
-        vars(self).pop("fit_state", None)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> Fit:
+        """The fit's own object: the net (and the optimizer's state) moved to the device and wrapped for the backend,
+        built from the fit's `TrainingSettings` (batch size, accumulation, clipping, precision; None: the defaults).
+        Model, the loop and the callbacks use its net, optimizer and scheduler until the fit ends."""
         net.to(self.root_device)
         align_state(optimizer)
-        return net, optimizer, scheduler
+        return Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
 
-    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
-                net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
         """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
-        state into the user's optimizer (nothing to do when they were trained in place, as here); the fit state is
-        dropped. A backend's override ends with this one."""
-        vars(self).pop("fit_state", None)
+        state into the user's optimizer (nothing to do when they were trained in place, as here)."""
 
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        """The module evaluate / predict run, on this process's device."""
-        return unwrap(net).to(self.root_device)
+    def abandon_fit(self, fit: Fit) -> None:
+        """A fit that raised: leave the user's objects usable (nothing to do here)."""
 
-    def forward_in_lockstep(self, net: torch.nn.Module) -> bool:
-        """True when `module_for_eval(net)` of this training net is sharded, so its forward is a collective: the
-        loop then makes every rank run as many evaluation forwards as the rank with the most batches."""
+    def module_for_eval(self, fit: Fit) -> torch.nn.Module:
+        """The module evaluate / predict run (of the fit's net), on this process's device."""
+        return unwrap(fit.net).to(self.root_device)
+
+    def forward_in_lockstep(self, fit: Fit) -> bool:
+        """True when `module_for_eval(fit)` is sharded, so its forward is a collective: the loop then makes every
+        rank run as many evaluation forwards as the rank with the most batches."""
         return False
 
     def teardown(self) -> None:
-        """Release what `setup_environment` created, and a fit state that a failed fit left (an override calls
-        this one): the strategy holds its configuration alone again."""
-        vars(self).pop("fit_state", None)
+        """Release what `setup_environment` created (an override calls this one): the strategy holds its
+        configuration alone again."""
         vars(self).pop("call_state", None)
 
     def compile_context(self) -> contextlib.AbstractContextManager:
         """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""
         return contextlib.nullcontext()
 
-    # --- state (called on every rank) -------------------------------------------------
-    def module_state(self, net: torch.nn.Module) -> dict:
-        """The net's full state dict."""
-        return unwrap(net).state_dict()
+    # --- state of a fit's objects (called on every rank) --------------------------------
+    def module_state(self, fit: Fit) -> dict:
+        """The fit's net's full state dict."""
+        return unwrap(fit.net).state_dict()
 
-    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
-        unwrap(net).load_state_dict(state)
+    def load_module_state(self, fit: Fit, state: dict) -> None:
+        unwrap(fit.net).load_state_dict(state)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        return optimizer.state_dict()
+    def optimizer_state(self, fit: Fit) -> dict:
+        return fit.optimizer.state_dict()
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
+    def load_optimizer_state(self, fit: Fit, state: dict) -> None:
+        fit.optimizer.load_state_dict(state)
 
-    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
-        """This rank's part of each parameter of the training net (what its optimizer steps), in `parameters()`
+    def local_tensors(self, fit: Fit, buffers: bool = False) -> list[torch.Tensor]:
+        """This rank's part of each parameter of the fit's net (what its optimizer steps), in `parameters()`
         order, and with `buffers` of each floating buffer: tensors that share the weights' memory (weight averaging
         updates and swaps them in place). Here the whole parameters."""
-        module = unwrap(net)
-        tensors = [param.detach() for param in module.parameters()]
-        return tensors + ([b for b in module.buffers() if b.is_floating_point()] if buffers else [])
+        return whole_tensors(unwrap(fit.net), buffers)
 
-    def save_checkpoint(self, path: str, state: dict) -> None:
-        """Write `state` atomically. Only global rank 0 writes the one file; the other ranks return at once."""
+    def save_checkpoint(self, fit: Fit, path: str, state: dict) -> None:
+        """Write `state` (of `fit`) atomically. Only global rank 0 writes the one file; the other ranks return at
+        once."""
         if self.is_global_zero:
             save_checkpoint_file(path, state)
 
-    def load_checkpoint(self, path: str) -> dict:
-        """The checkpoint at `path`, read as data (a file that needs unpickling is refused, see saving/checkpoint)."""
+    def load_checkpoint(self, fit: Fit, path: str) -> dict:
+        """The checkpoint at `path` (for `fit`), read as data (a file that needs unpickling is refused, see
+        saving/checkpoint)."""
         return load_checkpoint_file(path, map_location=self.root_device)
 
     def device_rng_state(self) -> dict:
@@ -306,15 +329,16 @@ class Strategy:
         return batches
 
     # --- steps, and where outputs live -------------------------------------------------
-    def training_step(self, net: torch.nn.Module, inputs: Any, target: Any, step_fn: Callable, precision: Precision,
+    def training_step(self, fit: Fit, inputs: Any, target: Any, step_fn: Callable, precision: Precision,
                       divisor: int = 1) -> tuple[Any, Any, torch.Tensor]:
-        """Forward, loss and backward of one batch (the loss divided by `divisor` for the backward: an accumulation
-        window). `step_fn(net, inputs, target) -> (output, target, loss)` is the loop's forward and loss (on the first
-        batch with its checks, the target as the loss takes it). Returns (output, target, loss): the output, or None
-        on a rank that holds no outputs (a pipeline's earlier stages); the batch's undivided loss on every rank."""
+        """Forward, loss and backward of one batch of the fit's net (the loss divided by `divisor` for the backward:
+        an accumulation window). `step_fn(net, inputs, target) -> (output, target, loss)` is the loop's forward and
+        loss (on the first batch with its checks, the target as the loss takes it). Returns (output, target, loss):
+        the output, or None on a rank that holds no outputs (a pipeline's earlier stages); the batch's undivided loss
+        on every rank."""
         with precision.autocast():
-            output, target, loss = step_fn(net, inputs, target)
-        self.backward(loss / divisor if divisor > 1 else loss, precision)
+            output, target, loss = step_fn(fit.net, inputs, target)
+        self.backward(fit, loss / divisor if divisor > 1 else loss, precision)
         return output, target, loss
 
     def evaluation_step(self, net: torch.nn.Module, inputs: Any, target: Any, step_fn: Callable,
@@ -330,29 +354,28 @@ class Strategy:
         return interleave(self.all_gather(local))
 
     # --- step -----------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, precision: Precision) -> None:
+    def backward(self, fit: Fit, loss: torch.Tensor, precision: Precision) -> None:
         precision.backward(loss)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
-        precision.optimizer_step(optimizer)
+    def optimizer_step(self, fit: Fit, precision: Precision) -> None:
+        precision.optimizer_step(fit.optimizer)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def zero_grad(self, fit: Fit) -> None:
+        fit.optimizer.zero_grad(set_to_none=True)
 
-    def uneven_inputs(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def uneven_inputs(self, fit: Fit) -> contextlib.AbstractContextManager:
         """A context around an epoch whose number of batches may differ between ranks (data of unknown length):
         a rank that runs out shadows the others' collectives until all are done."""
         return contextlib.nullcontext()
 
-    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, fit: Fit) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation for an accumulation micro-step."""
         return contextlib.nullcontext()
 
-    def clip_gradients(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
-                       precision: Precision) -> None:
-        """Clip the net's gradients to a total norm of `max_norm`, at their true scale (unscaled first)."""
-        precision.unscale_gradients(optimizer)
-        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+    def clip_gradients(self, fit: Fit, max_norm: float, precision: Precision) -> None:
+        """Clip the fit's gradients to a total norm of `max_norm`, at their true scale (unscaled first)."""
+        precision.unscale_gradients(fit.optimizer)
+        torch.nn.utils.clip_grad_norm_(fit.net.parameters(), max_norm)
 
     # --- collectives ----------------------------------------------------------------
     @property

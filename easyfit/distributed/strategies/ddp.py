@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.parallel import ParallelStrategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.distributed.strategy_parts.ddp_comm import CommOptions, configure_communication
 
 COMMUNICATION_KEY = "communication"   # the checkpoint's entry for every rank's communication hook state
@@ -51,13 +51,12 @@ class DDPWrapping:
             wrapped._check_reducer_finalized()
 
 
-@dataclass
-class DDPFit(FitState):
-    """A DDP fit: the DistributedDataParallel net it trains, and its communication hook's state (None: no hook, or a
-    stateless one)."""
+@dataclass(kw_only=True)
+class DDPFit(Fit):
+    """A DDP fit: its net is the DistributedDataParallel wrapper; its communication hook's state (None: no hook, or
+    a stateless one)."""
 
-    wrapped: DistributedDataParallel
-    hook_state: object | None
+    hook_state: object | None = None
 
 
 class DDPStrategy(ParallelStrategy):
@@ -94,38 +93,31 @@ class DDPStrategy(ParallelStrategy):
                                          or ("nccl" if call.accelerator == "cuda" else "gloo"))
         super().check_call(call)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        net, optimizer, scheduler = super().setup(self.wrapping.prepare(net), optimizer, scheduler)
-        wrapped = self.wrapping.wrap(net, self.root_device)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> DDPFit:
+        fit = super().setup(self.wrapping.prepare(net), optimizer, scheduler, settings)
+        wrapped = self.wrapping.wrap(fit.net, self.root_device)
         hook_state = None
         if self.communication.active:
             optimizer, hook_state = configure_communication(wrapped, optimizer, self.communication)
-        self.fit_state = DDPFit(wrapped, hook_state)
-        return wrapped, optimizer, scheduler
+        return DDPFit(strategy=self, net=wrapped, optimizer=optimizer, scheduler=scheduler, hook_state=hook_state)
 
-    def _ddp_fit(self) -> DDPFit | None:
-        """The running fit's DDP state; None outside a fit."""
-        return self.fit_state if isinstance(self.fit_state, DDPFit) else None
+    def backward(self, fit: Fit, loss: torch.Tensor, precision) -> None:
+        super().backward(fit, loss, precision)
+        if isinstance(fit, DDPFit):
+            self.wrapping.check_backward(fit.net)
 
-    def backward(self, loss: torch.Tensor, precision) -> None:
-        super().backward(loss, precision)
-        fit = self._ddp_fit()
-        if fit is not None:
-            self.wrapping.check_backward(fit.wrapped)
-
-    def save_checkpoint(self, path: str, state: dict) -> None:
+    def save_checkpoint(self, fit: Fit, path: str, state: dict) -> None:
         """With a stateful communication hook (PowerSGD, post-local SGD), every rank's hook state goes into the
         checkpoint too (PowerSGD's error feedback differs per rank), so a resume continues exactly."""
-        fit = self._ddp_fit()
-        if fit is not None and fit.hook_state is not None:
+        if getattr(fit, "hook_state", None) is not None:
             states = [None] * self.world_size
             dist.all_gather_object(states, fit.hook_state.state_dict())
             state = {**state, COMMUNICATION_KEY: states}
-        super().save_checkpoint(path, state)
+        super().save_checkpoint(fit, path, state)
 
-    def load_checkpoint(self, path: str) -> dict:
-        state = super().load_checkpoint(path)
-        saved, fit = state.pop(COMMUNICATION_KEY, None), self._ddp_fit()
-        if saved is not None and fit is not None and fit.hook_state is not None and len(saved) == self.world_size:
-            fit.hook_state.load_state_dict(saved[self.global_rank])
+    def load_checkpoint(self, fit: Fit, path: str) -> dict:
+        state = super().load_checkpoint(fit, path)
+        saved, hook_state = state.pop(COMMUNICATION_KEY, None), getattr(fit, "hook_state", None)
+        if saved is not None and hook_state is not None and len(saved) == self.world_size:
+            hook_state.load_state_dict(saved[self.global_rank])
         return state

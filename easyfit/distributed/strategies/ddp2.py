@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.parallel import ParallelStrategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.precision import Precision
 
 
@@ -33,8 +33,8 @@ def average_gradients(params: list[torch.Tensor], size: int, group=None) -> None
         grad.copy_(synced)
 
 
-@dataclass
-class DDP2Fit(FitState):
+@dataclass(kw_only=True)
+class DDP2Fit(Fit):
     """A DDP2 fit: the parameters whose gradients are averaged, and whether this backward averages them (not in an
     accumulation micro-step)."""
 
@@ -63,27 +63,23 @@ class DDP2Strategy(ParallelStrategy):
     def describe_batch_factor(self) -> str:
         return "nodes" if self.batch_factor != 1 else "node"
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
-        net, optimizer, scheduler = super().setup(net, optimizer, scheduler)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> DDP2Fit:
+        net = super().setup(net, optimizer, scheduler, settings).net
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        self.fit_state = DDP2Fit([p for p in net.parameters() if p.requires_grad])
+        params = [p for p in net.parameters() if p.requires_grad]
         if len(self.node_devices) > 1:
             net = torch.nn.DataParallel(net, device_ids=[d.index for d in self.node_devices])
-        return net, optimizer, scheduler
+        return DDP2Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, params=params)
 
-    def backward(self, loss: torch.Tensor, precision: Precision) -> None:
-        super().backward(loss, precision)
-        if self.fit_state.sync_gradients:
-            self._average_gradients()
-
-    def _average_gradients(self) -> None:
-        """All-reduce every gradient as one flat buffer, then divide by the number of nodes."""
-        average_gradients(self.fit_state.params, self.world_size)
+    def backward(self, fit: DDP2Fit, loss: torch.Tensor, precision: Precision) -> None:
+        super().backward(fit, loss, precision)
+        if fit.sync_gradients:   # all-reduced as one flat buffer, then divided by the number of nodes
+            average_gradients(fit.params, self.world_size)
 
     @contextlib.contextmanager
-    def no_sync(self, net: torch.nn.Module):
-        fit = self.fit_state
+    def no_sync(self, fit: DDP2Fit):
         fit.sync_gradients = False
         try:
             yield

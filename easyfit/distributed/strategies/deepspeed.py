@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from easyfit.distributed.strategies.base import whole_tensors
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.sharded import FULL, SHARDED, ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts import zero_init
@@ -75,13 +76,13 @@ def cast_inputs(module: torch.nn.Module, dtype: torch.dtype) -> None:
     module.register_forward_pre_hook(lambda _, args, kwargs: (cast(args), cast(kwargs)), with_kwargs=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepSpeedFit(ShardedFit):
-    """A DeepSpeed fit: the engine and the optimizer it steps (ShardedFit's), the user's net and its parameter names,
-    the engine's state in full, plain form, the plain modules of a net built under module_construction() (None for
-    a copy), the summary line's note on the buckets, and whether the coming backward is an accumulation micro-step."""
+    """A DeepSpeed fit: its net is the engine, its optimizer the one the engine steps; the user's net and its
+    parameter names, the engine's state in full, plain form, the plain modules of a net built under
+    module_construction() (None for a copy), the summary line's note on the buckets, and whether the coming backward
+    is an accumulation micro-step."""
 
-    engine: object
     user_net: torch.nn.Module
     names: list[str]
     full_state: FullState
@@ -124,10 +125,10 @@ class DeepSpeedStrategy(ShardingStrategy):
         self.name = "deepspeed"
 
     # --- configuration --------------------------------------------------------------
-    def config(self, num_params: int | None = None) -> dict:
-        """The config handed to DeepSpeed: defaults derived from the coming fit's settings (`configure_training`;
-        and, given the number of parameters trained, bucket sizes fitted to the net), then the user's keys over them."""
-        return self._config_builder().training(self.training_settings, num_params)
+    def config(self, settings=None, num_params: int | None = None) -> dict:
+        """The config handed to DeepSpeed: defaults derived from a fit's `settings` (its TrainingSettings; and, given
+        the number of parameters trained, bucket sizes fitted to the net), then the user's keys over them."""
+        return self._config_builder().training(settings, num_params)
 
     def construction_config(self) -> dict:
         """The config `zero.Init` partitions with, before any fit."""
@@ -137,8 +138,8 @@ class DeepSpeedStrategy(ShardingStrategy):
         return DeepSpeedConfig(self.stage, self.offload_optimizer, self.offload_parameters, self.buckets,
                                self.user_config, pin_memory=self.accelerator == "cuda")
 
-    def describe_setup(self) -> str | None:
-        return self.fit_state.sizing_note if isinstance(self.fit_state, DeepSpeedFit) else None
+    def describe_setup(self, fit=None) -> str | None:
+        return fit.sizing_note if isinstance(fit, DeepSpeedFit) else None
 
     def check_precision(self, precision: str) -> None:
         if precision == "64":
@@ -170,10 +171,11 @@ class DeepSpeedStrategy(ShardingStrategy):
             os.environ.setdefault(variable, str(value))
         deepspeed_for_training(self.name).init_distributed(dist_backend=self.process_group_backend)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> DeepSpeedFit:
         deepspeed = require("deepspeed", "deepspeed", self.name)
         num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
-        config = self.config(num_params)
+        config = self.config(settings, num_params)
         sizing_note = DeepSpeedConfig.describe(config)
         built = built_sharded(net) == ZERO3   # under module_construction(): the engine trains the user's net
         trained = net if built else copy_to_train(net, optimizer, self.root_device)
@@ -192,121 +194,106 @@ class DeepSpeedStrategy(ShardingStrategy):
             cast_inputs(engine.module, low)
         full_state = FullState(engine, [own[name] for name in names],
                                [len(group["params"]) for group in optimizer.param_groups], self)
-        self.fit_state = DeepSpeedFit(optimizer=stepping, scheduler=scheduler, engine=engine, user_net=net,
-                                      names=names, full_state=full_state, layout=layout, sizing_note=sizing_note)
-        return engine, self.take_over_optimizer(optimizer), scheduler
+        fit = DeepSpeedFit(strategy=self, net=engine, optimizer=stepping, scheduler=scheduler, user_net=net,
+                           names=names, full_state=full_state, layout=layout, sizing_note=sizing_note)
+        return self.take_over_optimizer(fit, optimizer)
 
-    def _engine_fit(self, net: torch.nn.Module) -> DeepSpeedFit | None:
-        """The running fit's state when `net` is its engine; None for any other net (the user's, or outside fit)."""
-        fit = self.fit_state
-        return fit if isinstance(fit, DeepSpeedFit) and net is fit.engine else None
+    def trains_sharded(self, fit) -> bool:
+        return isinstance(fit, DeepSpeedFit)
 
-    def trains_net(self, net: torch.nn.Module) -> bool:
-        return self._engine_fit(net) is not None
+    def full_optimizer_state(self, fit: DeepSpeedFit) -> dict:
+        return fit.full_state.optimizer_state(fit.optimizer)
 
-    def full_optimizer_state(self, optimizer) -> dict:
-        return self.fit_state.full_state.optimizer_state(optimizer)
-
-    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
-        full = self.fit_state.full_state.module_state()
-        if self.fit_state.layout is not None:   # the user's net is the engine's: made plain with the full weights
-            self._release_built_net(user_net, user_optimizer, full)
+    def hand_back_weights(self, fit: DeepSpeedFit, user_net, user_optimizer) -> None:
+        full = fit.full_state.module_state()
+        if fit.layout is not None:   # the user's net is the engine's: made plain with the full weights
+            self._release_built_net(fit, user_net, user_optimizer, full)
         else:
             load_on_device(user_net, full, self.root_device)
 
-    def _release_built_net(self, user_net, user_optimizer, full: dict) -> None:
+    def _release_built_net(self, fit: DeepSpeedFit, user_net, user_optimizer, full: dict) -> None:
         """The engine lets go of the net built under module_construction(), which becomes a plain module holding
         the full weights; the user's optimizer follows its new parameters."""
         fresh = zero_init.fresh_parameters(user_net, full, self.root_device)
-        self.fit_state.engine.destroy()   # its hooks off the modules
-        zero_init.make_plain(user_net, self.fit_state.layout, fresh)
+        fit.net.destroy()   # the engine's hooks off the modules
+        zero_init.make_plain(user_net, fit.layout, fresh)
         zero_init.repoint_optimizer(user_optimizer, fresh)
 
-    def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
+    def gathered_copy(self, fit: DeepSpeedFit) -> torch.nn.Module:
         """From the user's net, or from the layout of a net built under module_construction() (the engine's own)."""
-        fit = self.fit_state
         full = fit.full_state.module_state()
         if fit.layout is None:
             return plain_on_device(fit.user_net, full, self.root_device)
         return zero_init.plain_copy(fit.user_net, fit.layout, full, self.root_device)
 
     # --- the step -------------------------------------------------------------------
-    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def no_sync(self, fit: DeepSpeedFit):
         """An accumulation micro-step: the engine is told it is not at a boundary (it reduces and steps at the
         boundary the loop chose, also for a short last window)."""
-        return self._micro_step()
-
-    @contextlib.contextmanager
-    def _micro_step(self):
-        fit = self.fit_state
         fit.accumulating = True
         try:
             yield
         finally:
             fit.accumulating = False
 
-    def backward(self, loss: torch.Tensor, precision: Precision) -> None:
-        fit = self.fit_state
-        fit.engine.set_gradient_accumulation_boundary(not fit.accumulating)
-        fit.engine.backward(loss)
+    def backward(self, fit: DeepSpeedFit, loss: torch.Tensor, precision: Precision) -> None:
+        fit.net.set_gradient_accumulation_boundary(not fit.accumulating)
+        fit.net.backward(loss)
 
-    def optimizer_step(self, optimizer, precision: Precision) -> None:
-        self.fit_state.engine.step()
+    def optimizer_step(self, fit: DeepSpeedFit, precision: Precision) -> None:
+        fit.net.step()
 
-    def zero_grad(self, optimizer) -> None:
+    def zero_grad(self, fit: DeepSpeedFit) -> None:
         """The engine zeroes gradients after each of its steps."""
 
     # --- state ----------------------------------------------------------------------
-    def module_state(self, net: torch.nn.Module) -> dict:
-        fit = self._engine_fit(net)
-        if fit is None:
-            return super().module_state(net)
+    def module_state(self, fit) -> dict:
+        if not isinstance(fit, DeepSpeedFit):
+            return super().module_state(fit)
         return {} if self.state_dict_type == SHARDED else fit.full_state.module_state()
 
-    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+    def local_tensors(self, fit, buffers: bool = False) -> list[torch.Tensor]:
         """The fp32 weights the engine's optimizer steps (which its state and evaluation copy are read from), this
         rank's part of each parameter: its ZeRO-3 partition, or under stages 1 and 2 its fragment of the flat
         partition (an empty view where this rank holds none of it)."""
-        if self._engine_fit(net) is None:
-            return super().local_tensors(net, buffers)
-        own = [_local_fp32(param) for param in net.module.parameters()]
-        return own + super().local_tensors(net.module, buffers)[len(own):]
+        if not isinstance(fit, DeepSpeedFit):
+            return super().local_tensors(fit, buffers)
+        own = [_local_fp32(param) for param in fit.net.module.parameters()]
+        return own + whole_tensors(fit.net.module, buffers)[len(own):]
 
-    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
-        fit = self._engine_fit(net)
-        if fit is None:
-            return super().load_module_state(net, state)
+    def load_module_state(self, fit, state: dict) -> None:
+        if not isinstance(fit, DeepSpeedFit):
+            return super().load_module_state(fit, state)
         if state:   # else a sharded checkpoint: the engine loaded its partitions itself
             fit.full_state.load_module_state(state)
 
-    def optimizer_state(self, optimizer) -> dict:
-        if not self.trains(optimizer):
-            return super().optimizer_state(optimizer)
-        return {} if self.state_dict_type == SHARDED else self.fit_state.full_state.optimizer_state(optimizer)
+    def optimizer_state(self, fit) -> dict:
+        if not isinstance(fit, DeepSpeedFit):
+            return super().optimizer_state(fit)
+        return {} if self.state_dict_type == SHARDED else fit.full_state.optimizer_state(fit.optimizer)
 
-    def load_optimizer_state(self, optimizer, state: dict) -> None:
-        if not self.trains(optimizer):
-            return super().load_optimizer_state(optimizer, state)
+    def load_optimizer_state(self, fit, state: dict) -> None:
+        if not isinstance(fit, DeepSpeedFit):
+            return super().load_optimizer_state(fit, state)
         if state:   # else a sharded checkpoint: the engine loaded its partitions itself
-            self.fit_state.full_state.load_optimizer_state(optimizer, state)
+            fit.full_state.load_optimizer_state(fit.optimizer, state)
 
     # --- checkpoints ----------------------------------------------------------------
-    def save_shards(self, path: str, state: dict) -> None:
+    def save_shards(self, fit: DeepSpeedFit, path: str, state: dict) -> None:
         """DeepSpeed's directory (each rank its partitions), with the rest of the state in its client state."""
-        fit = self.fit_state
         rest = without_weights(state)
         # what easyfit.saving.convert needs to write the optimizer state in the plain optimizer's form
         rest.update(param_names=fit.names, param_groups=fit.full_state.plain_groups(fit.optimizer))
-        fit.engine.save_checkpoint(path, tag="checkpoint",
+        fit.net.save_checkpoint(path, tag="checkpoint",
                                    client_state={DEEPSPEED_CLIENT_KEY: as_data({FORMAT_KEY: FORMAT_VERSION, **rest})})
 
     def sharded_folder(self) -> tuple[str, str]:
         return "DeepSpeed", "a DeepSpeed strategy on as many processes as wrote it"
 
-    def load_shards(self, path: str) -> dict:
-        fit = self.fit_state
+    def load_shards(self, fit: DeepSpeedFit, path: str) -> dict:
         check_deepspeed_folder(os.path.join(path, "checkpoint"))   # DeepSpeed unpickles: checked as data first
-        _, client_state = fit.engine.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
+        _, client_state = fit.net.load_checkpoint(path, tag="checkpoint", load_module_strict=True,
                                                      load_optimizer_states=True, load_lr_scheduler_states=False)
         rest = {key: value for key, value in client_state[DEEPSPEED_CLIENT_KEY].items()
                 if key not in ("param_names", "param_groups")}

@@ -80,13 +80,12 @@ def holds_dtensors(net: torch.nn.Module) -> bool:
     return any(isinstance(param, DTensor) for param in net.parameters())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DTensorFit(ShardedFit):
-    """A DTensor fit: the optimizer rebuilt over the sharded copy (ShardedFit's), the user's net, the sharded copy
-    it trains, and the user's parameter names."""
+    """A DTensor fit: its net is the sharded copy, its optimizer rebuilt over the copy; the user's net, and the
+    user's parameter names."""
 
     user_net: torch.nn.Module
-    sharded: torch.nn.Module
     names: list[str]
 
 
@@ -116,8 +115,9 @@ class DTensorStrategy(ShardingStrategy):
         """The device mesh of this fit (the process group exists)."""
         raise NotImplementedError
 
-    def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
-        """Turn the training copy's parameters into DTensors on `mesh`, in place (before the fit state exists)."""
+    def shard(self, net: torch.nn.Module, mesh: DeviceMesh, settings) -> None:
+        """Turn the training copy's parameters into DTensors on `mesh`, in place, for a fit of `settings` (the
+        fit's TrainingSettings, or None)."""
         raise NotImplementedError
 
     def training_copy(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
@@ -125,90 +125,93 @@ class DTensorStrategy(ShardingStrategy):
         return sharding.copy_to_train(net, optimizer, self.root_device)
 
     # --- life -----------------------------------------------------------------------
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> DTensorFit:
         sharded = self.training_copy(net, optimizer)
-        self.shard(sharded, self.build_mesh())
-        self.fit_state = DTensorFit(optimizer=self.rebuilt_optimizer(optimizer, net, sharded), scheduler=scheduler,
-                                    user_net=net, sharded=sharded, names=param_names(net, optimizer))
-        return sharded, self.take_over_optimizer(optimizer), scheduler
+        self.shard(sharded, self.build_mesh(), settings)
+        fit = DTensorFit(strategy=self, net=sharded, optimizer=self.rebuilt_optimizer(optimizer, net, sharded),
+                         scheduler=scheduler, user_net=net, names=param_names(net, optimizer))
+        return self.take_over_optimizer(fit, optimizer)
 
-    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
-        self.load_full_weights(user_net, self._full_module_state(net))
+    def hand_back_weights(self, fit: DTensorFit, user_net, user_optimizer) -> None:
+        self.load_full_weights(user_net, self._full_module_state(fit.net))
 
     def load_full_weights(self, user_net: torch.nn.Module, full_state: dict) -> None:
         """The gathered weights into the user's net, on the device it trained on."""
         sharding.load_on_device(user_net, full_state, self.root_device)
 
-    def trains_net(self, net: torch.nn.Module) -> bool:
-        return holds_dtensors(net)
+    def trains_sharded(self, fit) -> bool:
+        return holds_dtensors(fit.net)
 
-    def eval_source(self) -> torch.nn.Module:
+    def eval_source(self, fit: DTensorFit) -> torch.nn.Module:
         """The module whose plain copy validation runs: the user's net."""
-        return self.fit_state.user_net
+        return fit.user_net
 
-    def gathered_copy(self, net: torch.nn.Module) -> torch.nn.Module:
-        return sharding.plain_on_device(self.eval_source(), self._full_module_state(net), self.root_device)
+    def gathered_copy(self, fit: DTensorFit) -> torch.nn.Module:
+        return sharding.plain_on_device(self.eval_source(fit), self._full_module_state(fit.net), self.root_device)
 
     # --- state ----------------------------------------------------------------------
-    def module_state(self, net: torch.nn.Module) -> dict:
+    def module_state(self, fit) -> dict:
+        net = fit.net
         if not holds_dtensors(net):
-            return super().module_state(net)
+            return super().module_state(fit)
         return net.state_dict() if self.state_dict_type == SHARDED else self._full_module_state(net)
 
     @staticmethod
     def _full_module_state(net: torch.nn.Module) -> dict:
         return {key: full_tensor(value) for key, value in net.state_dict().items()}
 
-    def local_tensors(self, net: torch.nn.Module, buffers: bool = False) -> list[torch.Tensor]:
+    def local_tensors(self, fit, buffers: bool = False) -> list[torch.Tensor]:
         """Each parameter's shard on this rank (its DTensor's local tensor); buffers are whole on every rank."""
         return [tensor.to_local() if isinstance(tensor, DTensor) else tensor
-                for tensor in super().local_tensors(net, buffers)]
+                for tensor in super().local_tensors(fit, buffers)]
 
-    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
+    def load_module_state(self, fit, state: dict) -> None:
+        net = fit.net
         if not holds_dtensors(net):
-            return super().load_module_state(net, state)
+            return super().load_module_state(fit, state)
         own = net.state_dict()
         net.load_state_dict({key: shard_like(value, own[key]) for key, value in state.items()})
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        if self.state_dict_type == SHARDED:   # keyed by parameter name, each rank its slices
+    def optimizer_state(self, fit) -> dict:
+        if self.state_dict_type == SHARDED and isinstance(fit, DTensorFit):   # keyed by name, each rank its slices
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-            return get_optimizer_state_dict(self.fit_state.sharded, optimizer)
-        return self.full_optimizer_state(optimizer)
+            return get_optimizer_state_dict(fit.net, fit.optimizer)
+        return self.full_optimizer_state(fit)
 
-    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        state = optimizer.state_dict()
+    def full_optimizer_state(self, fit) -> dict:
+        state = fit.optimizer.state_dict()
         return {**state, "state": {index: {key: full_tensor(value) for key, value in entry.items()}
                                    for index, entry in state["state"].items()}}
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(self, fit, state: dict) -> None:
+        optimizer = fit.optimizer
         if any(isinstance(key, str) for key in state["state"]):   # the sharded, name-keyed form
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-            return set_optimizer_state_dict(self.fit_state.sharded, optimizer, state)
+            return set_optimizer_state_dict(fit.net, optimizer, state)
         params = optimizer_params(optimizer)
         entries = {index: {key: shard_like(value, params[index]) for key, value in entry.items()}
                    for index, entry in state["state"].items()}
         optimizer.load_state_dict({**state, "state": entries})
 
     # --- checkpoints ----------------------------------------------------------------
-    def save_shards(self, path: str, state: dict) -> None:
+    def save_shards(self, fit: DTensorFit, path: str, state: dict) -> None:
         """A torch.distributed.checkpoint directory of the net's and optimizer's shards, plus the rest of the state
         in FSDP_META_FILE."""
         import torch.distributed.checkpoint as dcp
         dcp.save({"net": state["net"], "optimizer": state["optimizer"]}, checkpoint_id=path)
         if self.is_global_zero:
             save_checkpoint_file(os.path.join(path, FSDP_META_FILE),
-                                 {**without_weights(state), "param_names": self.fit_state.names})
+                                 {**without_weights(state), "param_names": fit.names})
         self.barrier()
 
-    def load_shards(self, path: str) -> dict:
+    def load_shards(self, fit: DTensorFit, path: str) -> dict:
         """It may have been written by another number of processes (it is re-sliced)."""
-        fit = self.fit_state
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         rest = load_checkpoint_file(os.path.join(path, FSDP_META_FILE), map_location="cpu")
         check_dcp_folder(path)   # torch unpickles its metadata: checked as data first
         rest.pop("param_names")
-        template = {"net": fit.sharded.state_dict(), "optimizer": get_optimizer_state_dict(fit.sharded, fit.optimizer)}
+        template = {"net": fit.net.state_dict(), "optimizer": get_optimizer_state_dict(fit.net, fit.optimizer)}
         dcp.load(template, checkpoint_id=path)
         return {**rest, **template}

@@ -3,19 +3,14 @@ the rank that owns it. (FairScale's own FullyShardedDataParallel needs CUDA stre
 device use strategy="fsdp".)"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardingStrategy
 from easyfit.distributed.strategy_parts.sharding import require
 
 
-@dataclass
 class FairScaleFit(ShardedFit):
-    """A FairScale fit: its OSS optimizer (ShardedFit's) and the ShardedDataParallel net it trains."""
-
-    wrapped: torch.nn.Module | None
+    """A FairScale fit: its net is the ShardedDataParallel wrapper, its optimizer an OSS."""
 
 
 class ShardedStrategy(ShardingStrategy):
@@ -31,54 +26,49 @@ class ShardedStrategy(ShardingStrategy):
             raise ValueError(f"strategy={self.name!r} does not support precision='16-mixed' (its loss scaler must "
                              "know the sharding); use precision='bf16-mixed' or '32', or strategy='fsdp'")
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> FairScaleFit:
+        """The gradients a failed fit left in the user's parameters are dropped first: ShardedDataParallel takes
+        their values into its reduce buckets, and its first step would add them to its own."""
         oss = require("fairscale.optim.oss", "fairscale", self.name)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale", self.name)
-        net.to(self.root_device)
+        net.to(self.root_device).zero_grad(set_to_none=True)
         sharded = self.rebuilt_optimizer(optimizer, sharding=oss.OSS)
-        fit = self.fit_state = FairScaleFit(optimizer=sharded, scheduler=scheduler, wrapped=None)
-        fit.wrapped = sharded_ddp.ShardedDataParallel(net, self.take_over_optimizer(optimizer))   # once it took over
-        return fit.wrapped, sharded, scheduler
+        fit = self.take_over_optimizer(FairScaleFit(strategy=self, net=net, optimizer=sharded, scheduler=scheduler),
+                                       optimizer)
+        fit.net = sharded_ddp.ShardedDataParallel(net, sharded)   # once it took over the user's state
+        return fit
 
-    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
-        self._drop_gradients()
-        super().end_fit(user_net, user_optimizer, net, optimizer)
+    def end_fit(self, fit: FairScaleFit, user_net, user_optimizer) -> None:
+        """The gradients left in the user's parameters are dropped (see `setup`)."""
+        fit.net.zero_grad(set_to_none=True)
+        super().end_fit(fit, user_net, user_optimizer)
 
-    def teardown(self) -> None:
-        self._drop_gradients()
-        super().teardown()
-
-    def _drop_gradients(self) -> None:
-        """The gradients left in the user's parameters zeroed: the next fit's ShardedDataParallel takes their values
-        into its reduce buckets, and its first step would add them to its own."""
-        if isinstance(self.fit_state, FairScaleFit) and self.fit_state.wrapped is not None:
-            self.fit_state.wrapped.zero_grad(set_to_none=True)
-
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+    def zero_grad(self, fit: FairScaleFit) -> None:
         """ShardedDataParallel keeps gradients in reduce buckets: they are zeroed through it (the optimizer's
         zero_grad(set_to_none=True) would detach them from the buckets and train wrongly, silently)."""
-        self.fit_state.wrapped.zero_grad(set_to_none=True)
+        fit.net.zero_grad(set_to_none=True)
 
-    def no_sync(self, net: torch.nn.Module):
-        return net.no_sync()
+    def no_sync(self, fit: FairScaleFit):
+        return fit.net.no_sync()
 
-    def clip_gradients(self, net, optimizer, max_norm: float, precision) -> None:
+    def clip_gradients(self, fit: FairScaleFit, max_norm: float, precision) -> None:
         """The norm over every rank's gradient shard."""
-        precision.unscale_gradients(optimizer)
-        optimizer.clip_grad_norm(max_norm)
+        precision.unscale_gradients(fit.optimizer)
+        fit.optimizer.clip_grad_norm(max_norm)
 
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
-        fit = self.fit_state
-        return (net.module if fit is not None and net is fit.wrapped else net).to(self.root_device)
+    def module_for_eval(self, fit) -> torch.nn.Module:
+        net = fit.net
+        return (net.module if isinstance(fit, FairScaleFit) else net).to(self.root_device)
 
-    def module_state(self, net: torch.nn.Module) -> dict:
-        return self.module_for_eval(net).state_dict()
+    def module_state(self, fit) -> dict:
+        return self.module_for_eval(fit).state_dict()
 
-    def load_module_state(self, net: torch.nn.Module, state: dict) -> None:
-        self.module_for_eval(net).load_state_dict(state)
+    def load_module_state(self, fit, state: dict) -> None:
+        self.module_for_eval(fit).load_state_dict(state)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+    def optimizer_state(self, fit) -> dict:
         """The full state in the plain optimizer's format, on every rank."""
-        if not hasattr(optimizer, "consolidate_state_dict"):
-            return optimizer.state_dict()
-        return optimizer.state_dict(all_ranks=True)
+        if not hasattr(fit.optimizer, "consolidate_state_dict"):
+            return fit.optimizer.state_dict()
+        return fit.optimizer.state_dict(all_ranks=True)

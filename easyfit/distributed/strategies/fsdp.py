@@ -89,9 +89,9 @@ class FSDPStrategy(DTensorStrategy):
         policy.load_state_dict(plugin.state_dict())
         return policy
 
-    def _mixed_precision(self) -> MixedPrecisionPolicy:
-        """The policy of the coming fit's precision (`configure_training`; "32" when none was given)."""
-        settings = self.training_settings
+    @staticmethod
+    def _mixed_precision(settings) -> MixedPrecisionPolicy:
+        """The policy of the precision of a fit of `settings` (its TrainingSettings; "32" when None)."""
         dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(getattr(settings, "precision", "32"))
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None,
                                     output_dtype=torch.float32 if dtype else None)
@@ -111,8 +111,8 @@ class FSDPStrategy(DTensorStrategy):
     def build_mesh(self) -> DeviceMesh:
         return init_device_mesh(self.root_device.type, (self.world_size,))
 
-    def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
-        options = {"mesh": mesh, "mp_policy": self._mixed_precision()}
+    def shard(self, net: torch.nn.Module, mesh: DeviceMesh, settings) -> None:
+        options = {"mesh": mesh, "mp_policy": self._mixed_precision(settings)}
         if self.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
         on_meta = built_sharded(net) == META   # a copy of a meta net: every rank initializes from rank 0's RNG state
@@ -125,9 +125,9 @@ class FSDPStrategy(DTensorStrategy):
         else:
             super().load_full_weights(user_net, full_state)
 
-    def eval_source(self) -> torch.nn.Module:
+    def eval_source(self, fit) -> torch.nn.Module:
         """A net built on the meta device stays there until the fit hands the weights back: a materialized copy."""
-        source = self.fit_state.user_net
+        source = fit.user_net
         if built_sharded(source) == META:
             source = copy.deepcopy(source)
             materialize(source)

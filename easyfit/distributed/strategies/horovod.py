@@ -14,16 +14,16 @@ import torch
 from easyfit.distributed.collectives import HorovodCollectives
 from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
-from easyfit.distributed.strategies.base import FitState
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.parallel import ParallelStrategy, Placement
+from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
 
 
-@dataclass
-class HorovodFit(FitState):
+@dataclass(kw_only=True)
+class HorovodFit(Fit):
     """A Horovod fit: the user's optimizer (its state shared with the DistributedOptimizer), and whether this step's
     gradients are all-reduced already (clipping waits for them)."""
 
@@ -94,13 +94,14 @@ class HorovodStrategy(ParallelStrategy):
     def leave_process_group(self) -> None:
         """Horovod's job lasts as long as the process."""
 
-    @property
-    def backward_passes_per_step(self) -> int:
-        """The coming fit's gradient accumulation steps: Horovod counts the backward passes of one step itself."""
-        settings = self.training_settings
+    @staticmethod
+    def backward_passes_per_step(settings) -> int:
+        """The gradient accumulation steps of a fit of `settings` (its TrainingSettings, or None): Horovod counts
+        the backward passes of one step itself."""
         return 1 if settings is None else settings.gradient_accumulation_steps
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> HorovodFit:
         """Broadcast rank 0's weights and optimizer state, and wrap the optimizer in `hvd.DistributedOptimizer`,
         which shares the user's parameter groups and state (so LR schedules and scaling act on both)."""
         hvd = import_horovod()
@@ -111,63 +112,62 @@ class HorovodStrategy(ParallelStrategy):
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         compression = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
         wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
-                                           backward_passes_per_step=self.backward_passes_per_step,
+                                           backward_passes_per_step=self.backward_passes_per_step(settings),
                                            compression=compression)
-        self.fit_state = HorovodFit(optimizer)
         _share_state(optimizer, wrapped)
-        return net, wrapped, scheduler
+        return HorovodFit(strategy=self, net=net, optimizer=wrapped, scheduler=scheduler, user_optimizer=optimizer)
 
-    def end_fit(self, user_net, user_optimizer, net, optimizer) -> None:
-        _share_state(optimizer, user_optimizer)
-        super().end_fit(user_net, user_optimizer, net, optimizer)
+    def end_fit(self, fit: HorovodFit, user_net, user_optimizer) -> None:
+        _share_state(fit.optimizer, user_optimizer)
+        super().end_fit(fit, user_net, user_optimizer)
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
-        if isinstance(self.fit_state, HorovodFit):
-            _share_state(optimizer, self.fit_state.user_optimizer)
+    def load_optimizer_state(self, fit: Fit, state: dict) -> None:
+        fit.optimizer.load_state_dict(state)   # replaces the groups and state: share them with the user's again
+        if isinstance(fit, HorovodFit):
+            _share_state(fit.optimizer, fit.user_optimizer)
 
-    def load_checkpoint(self, path: str) -> dict:
+    def load_checkpoint(self, fit: Fit, path: str) -> dict:
         """Rank 0 reads the file and sends it to the others, so only rank 0's machine needs it."""
         hvd = import_horovod()
         state = load_checkpoint_file(path, map_location=self.root_device) if self.is_global_zero else None
         return hvd.broadcast_object(state, root_rank=0, name="easyfit.saving.checkpoint")
 
     # --- step -----------------------------------------------------------------------
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.zero_grad()   # Horovod's zero_grad takes no arguments; it sets gradients to None
+    def zero_grad(self, fit: Fit) -> None:
+        fit.optimizer.zero_grad()   # Horovod's zero_grad takes no arguments; it sets gradients to None
 
-    def clip_gradients(self, net: torch.nn.Module, optimizer, max_norm: float, precision: Precision) -> None:
+    def clip_gradients(self, fit: HorovodFit, max_norm: float, precision: Precision) -> None:
         """Clip the averaged gradients: wait for the all-reduce first."""
-        self._synchronize(optimizer)
-        super().clip_gradients(net, optimizer, max_norm, precision)
+        _synchronize(fit)
+        super().clip_gradients(fit, max_norm, precision)
 
-    def optimizer_step(self, optimizer, precision: Precision) -> None:
+    def optimizer_step(self, fit: HorovodFit, precision: Precision) -> None:
         """All-reduce (unless clipping already did), then step; a gradient scaler unscales averaged gradients."""
-        self._synchronize(optimizer)
-        with optimizer.skip_synchronize():
-            precision.optimizer_step(optimizer)
-        fit = self.fit_state
+        _synchronize(fit)
+        with fit.optimizer.skip_synchronize():
+            precision.optimizer_step(fit.optimizer)
         fit.synchronized = False
         fit.user_optimizer._opt_called = True   # an LR scheduler checks that its (the user's) optimizer stepped
-
-    def _synchronize(self, optimizer) -> None:
-        fit = self.fit_state
-        if not fit.synchronized:
-            optimizer.synchronize()
-            fit.synchronized = True
 
     # --- collectives ----------------------------------------------------------------
     @property
     def collectives(self) -> HorovodCollectives:
         return HorovodCollectives(import_horovod(), self.world_size)
 
-    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, fit: Fit) -> contextlib.AbstractContextManager:
         """Horovod counts backward passes itself (`backward_passes_per_step`), so nothing to skip here."""
         return contextlib.nullcontext()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(accelerator={self.accelerator!r}, processes_per_node={self.num_processes}, "
                 f"num_nodes={self.num_nodes}, compression={self.compression!r})")
+
+
+def _synchronize(fit: HorovodFit) -> None:
+    """Wait for the gradients' all-reduce, once per step."""
+    if not fit.synchronized:
+        fit.optimizer.synchronize()
+        fit.synchronized = True
 
 
 def _share_state(source: torch.optim.Optimizer, target: torch.optim.Optimizer) -> None:

@@ -22,6 +22,7 @@ from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.collectives import TorchCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import CallState, Strategy
+from easyfit.distributed.strategies.states import Fit
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -258,12 +259,12 @@ class ParallelStrategy(Strategy):
         """True in processes a spawn / fork launcher started for this call alone."""
         return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
-    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer, net, optimizer) -> None:
+    def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
         """Rank 0's buffers into every rank's net (BatchNorm's running statistics, which each rank updated from its
         own batches): the net is the same in every process after the fit, the one rank 0's checkpoints hold."""
         from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
         share_rank_zero_buffers(self, user_net)
-        super().end_fit(user_net, user_optimizer, net, optimizer)
+        super().end_fit(fit, user_net, user_optimizer)
 
     def share_cores(self, processes: int) -> None:
         """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
@@ -288,21 +289,21 @@ class ParallelStrategy(Strategy):
             destroy_process_group()
 
     # --- a net its setup wrapped in DistributedDataParallel (DDP's, ZeRO's) ----------------
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+    def module_for_eval(self, fit: Fit) -> torch.nn.Module:
         """The wrapped training net (validation in a fit) takes rank 0's buffers first, as DDP gives them to every
         rank at its next forward: the ranks evaluate one net, the one rank 0's checkpoints hold."""
-        if isinstance(net, DistributedDataParallel):
+        if isinstance(fit.net, DistributedDataParallel):
             from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
-            share_rank_zero_buffers(self, net.module)
-        return super().module_for_eval(net)
+            share_rank_zero_buffers(self, fit.net.module)
+        return super().module_for_eval(fit)
 
-    def no_sync(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
-        return net.no_sync() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
+    def no_sync(self, fit: Fit) -> contextlib.AbstractContextManager:
+        return fit.net.no_sync() if isinstance(fit.net, DistributedDataParallel) else contextlib.nullcontext()
 
-    def uneven_inputs(self, net: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def uneven_inputs(self, fit: Fit) -> contextlib.AbstractContextManager:
         """torch's join: a rank whose data ran out shadows the gradient all-reduces of the others (which divide by
         the whole world size), and every rank ends the epoch with the same weights."""
-        return net.join() if isinstance(net, DistributedDataParallel) else contextlib.nullcontext()
+        return fit.net.join() if isinstance(fit.net, DistributedDataParallel) else contextlib.nullcontext()
 
     # --- collectives ----------------------------------------------------------------
     @property

@@ -42,11 +42,12 @@ class PipelineCall(ParallelCall):
     eval_nets: dict[int, PipelinedNet] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PipelineFit(ShardedFit):
-    """A pipeline fit: the optimizer over this rank's stage parameters (ShardedFit's), each one's index in the user's
-    optimizer, the user's param groups (state dict form), the whole net's state dict keys in order, the parameters
-    whose gradients the replicas average, and whether this step averages them (not in an accumulation micro-step)."""
+    """A pipeline fit: its net is this rank's stages, its optimizer over their parameters; each parameter's index in
+    the user's optimizer, the user's param groups (state dict form), the whole net's state dict keys in order, the
+    parameters whose gradients the replicas average, and whether this step averages them (not in an accumulation
+    micro-step)."""
 
     global_index: list[int]
     user_groups: list[dict]
@@ -183,26 +184,27 @@ class PipelineStrategy(ShardingStrategy):
         return PipelinedNet(mine, layout, self._groups[0], self.root_device, self.schedule, microbatches,
                             self.checkpoint)
 
-    def setup(self, net: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> PipelineFit:
         pipelined = self._split(net)
         own = {id(p) for p in pipelined.parameters()}
         indices = {id(p): index for index, p in enumerate(optimizer_params(optimizer))}
         rebuilt = self.rebuilt_optimizer(optimizer)
         for group in rebuilt.param_groups:   # this stage's parameters only
             group["params"] = [p for p in group["params"] if id(p) in own]
-        self.fit_state = PipelineFit(optimizer=rebuilt, scheduler=scheduler,
-                                     global_index=[indices[id(p)] for p in optimizer_params(rebuilt)],
-                                     user_groups=optimizer.state_dict()["param_groups"], keys=list(net.state_dict()),
-                                     trained=[p for p in pipelined.parameters() if p.requires_grad])
-        return pipelined, self.take_over_optimizer(optimizer), scheduler
+        fit = PipelineFit(strategy=self, net=pipelined, optimizer=rebuilt, scheduler=scheduler,
+                          global_index=[indices[id(p)] for p in optimizer_params(rebuilt)],
+                          user_groups=optimizer.state_dict()["param_groups"], keys=list(net.state_dict()),
+                          trained=[p for p in pipelined.parameters() if p.requires_grad])
+        return self.take_over_optimizer(fit, optimizer)
 
-    def hand_back_weights(self, user_net, user_optimizer, net) -> None:
+    def hand_back_weights(self, fit: PipelineFit, user_net, user_optimizer) -> None:
         """Every rank: the whole trained net (stage layers were trained in place, the others arrive from their
         ranks)."""
-        user_net.load_state_dict(self.module_state(net))
+        user_net.load_state_dict(self.module_state(fit))
 
-    def module_for_eval(self, net: nn.Module) -> nn.Module:
+    def module_for_eval(self, fit) -> nn.Module:
         """The pipelined net during fit; outside fit, this rank's stages of the user's net (split once per call)."""
+        net = fit.net
         if isinstance(net, PipelinedNet):
             return net
         eval_nets = self.call_state.eval_nets
@@ -211,11 +213,11 @@ class PipelineStrategy(ShardingStrategy):
         return eval_nets[id(net)]
 
     # --- where outputs live ---------------------------------------------------------
-    def training_step(self, net, inputs, target, step_fn, precision: Precision, divisor: int = 1):
+    def training_step(self, fit: PipelineFit, inputs, target, step_fn, precision: Precision, divisor: int = 1):
         with precision.autocast():
-            output, target, loss = net.train_batch(inputs, target, step_fn, divisor)
-        if self.fit_state.synchronise:
-            self._average_gradients()
+            output, target, loss = fit.net.train_batch(inputs, target, step_fn, divisor)
+        if fit.synchronise and self.batch_factor > 1:   # over the replicas of this rank's stage
+            average_gradients(fit.trained, self.batch_factor, self._groups[1])
         return output, target, self._share_loss(loss)
 
     def evaluation_step(self, net, inputs, target, step_fn, precision: Precision):
@@ -244,24 +246,18 @@ class PipelineStrategy(ShardingStrategy):
                            for replica in range(layout.replicas)])
 
     # --- the step -------------------------------------------------------------------
-    def _average_gradients(self) -> None:
-        """Over the replicas of this rank's stage."""
-        if self.batch_factor > 1:
-            average_gradients(self.fit_state.trained, self.batch_factor, self._groups[1])
-
     @contextlib.contextmanager
-    def no_sync(self, net):
-        fit = self.fit_state
+    def no_sync(self, fit: PipelineFit):
         fit.synchronise = False
         try:
             yield
         finally:
             fit.synchronise = True
 
-    def clip_gradients(self, net, optimizer, max_norm: float, precision: Precision) -> None:
+    def clip_gradients(self, fit: PipelineFit, max_norm: float, precision: Precision) -> None:
         """Clip to a total norm over every stage's gradients (each replica holds the same, averaged ones)."""
-        precision.unscale_gradients(optimizer)
-        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        precision.unscale_gradients(fit.optimizer)
+        grads = [p.grad for p in fit.net.parameters() if p.grad is not None]
         squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
         if grads:
             squares = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) ** 2
@@ -272,29 +268,28 @@ class PipelineStrategy(ShardingStrategy):
             grad.mul_(scale.to(grad.dtype))
 
     # --- state (every rank) ---------------------------------------------------------
-    def module_state(self, net: nn.Module) -> dict:
-        if not isinstance(net, PipelinedNet):
-            return super().module_state(net)
-        own = {key: value.detach().cpu() for layers in net.layers() for key, value in layers.state_dict().items()}
-        return merge_states(self._gather_pipeline(own), self.fit_state.keys)
+    def module_state(self, fit) -> dict:
+        if not isinstance(fit, PipelineFit):
+            return super().module_state(fit)
+        own = {key: value.detach().cpu() for layers in fit.net.layers() for key, value in layers.state_dict().items()}
+        return merge_states(self._gather_pipeline(own), fit.keys)
 
-    def load_module_state(self, net: nn.Module, state: dict) -> None:
-        if not isinstance(net, PipelinedNet):
-            return super().load_module_state(net, state)
-        for layers in net.layers():
+    def load_module_state(self, fit, state: dict) -> None:
+        if not isinstance(fit, PipelineFit):
+            return super().load_module_state(fit, state)
+        for layers in fit.net.layers():
             layers.load_state_dict({key: state[key] for key in layers.state_dict()})
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        if not self.trains(optimizer):
-            return super().optimizer_state(optimizer)
-        fit = self.fit_state
-        own = stage_optimizer_state(optimizer.state_dict(), fit.global_index)
+    def optimizer_state(self, fit) -> dict:
+        if not isinstance(fit, PipelineFit):
+            return super().optimizer_state(fit)
+        own = stage_optimizer_state(fit.optimizer.state_dict(), fit.global_index)
         return full_optimizer_state(self._gather_pipeline(own), fit.user_groups)
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        if not self.trains(optimizer):
-            return super().load_optimizer_state(optimizer, state)
-        optimizer.load_state_dict(stage_part(state, self.fit_state.global_index))
+    def load_optimizer_state(self, fit, state: dict) -> None:
+        if not isinstance(fit, PipelineFit):
+            return super().load_optimizer_state(fit, state)
+        fit.optimizer.load_state_dict(stage_part(state, fit.global_index))
 
     def _gather_pipeline(self, obj) -> list:
         """`obj` from every stage of this rank's pipeline."""

@@ -158,19 +158,19 @@ class ModelParallelStrategy(DTensorStrategy):
             from easyfit.distributed.strategy_parts.tp_apply import output_layer
             output_layer(plan)
 
-    def describe_setup(self) -> str | None:
+    def describe_setup(self, fit=None) -> str | None:
         """The mesh, and in a fit the plan that split its net."""
         dp, tp = self.shape
         mesh = f"mesh {dp} data-parallel{' (FSDP)' if dp > 1 else ''} × {tp} tensor-parallel"
-        if not isinstance(self.fit_state, DTensorFit):
+        if not isinstance(fit, DTensorFit):
             return mesh
-        plan = self.plan_for(self.fit_state.user_net)
+        plan = self.plan_for(fit.user_net)
         if plan is None:
             return f"{mesh}; plan: {getattr(self.plan, '__name__', 'callable')}"
         return f"{mesh}; {plan.summary()}"
 
     # --- sharding ---------------------------------------------------------------------
-    def shard(self, net: torch.nn.Module, mesh: DeviceMesh) -> None:
+    def shard(self, net: torch.nn.Module, mesh: DeviceMesh, settings) -> None:
         from easyfit.distributed.strategy_parts.tp_apply import apply_plan
         plan = self.plan_for(net)   # of the training copy
         if plan is None:
@@ -183,11 +183,11 @@ class ModelParallelStrategy(DTensorStrategy):
             fully_shard_net(net, {"mesh": mesh["dp"]})
 
     # --- the step -------------------------------------------------------------------
-    def training_step(self, net, inputs, target, step_fn: Callable, precision, divisor: int = 1):
+    def training_step(self, fit, inputs, target, step_fn: Callable, precision, divisor: int = 1):
         """With loss_parallel, the forward, loss and backward run in torch's loss_parallel context: the loss is taken
         on the logits split over the classes; the output is gathered afterwards for metrics."""
         if not self.loss_parallel:
-            return super().training_step(net, inputs, target, step_fn, precision, divisor)
+            return super().training_step(fit, inputs, target, step_fn, precision, divisor)
         from torch.distributed.tensor.parallel import loss_parallel
 
         def checked(net, inputs, target):
@@ -198,14 +198,14 @@ class ModelParallelStrategy(DTensorStrategy):
                                  "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)")
             return output, target, loss
         with loss_parallel():
-            output, target, loss = super().training_step(net, inputs, target, checked, precision, divisor)
+            output, target, loss = super().training_step(fit, inputs, target, checked, precision, divisor)
         return output.full_tensor(), target, loss.full_tensor() if isinstance(loss, DTensor) else loss
 
-    def clip_gradients(self, net, optimizer, max_norm: float, precision) -> None:
+    def clip_gradients(self, fit, max_norm: float, precision) -> None:
         """The total norm over every gradient: each DTensor's norm over its full tensor (the ranks' slices), each
         plain gradient (the same on every TP rank) once."""
-        precision.unscale_gradients(optimizer)
-        grads = [param.grad for param in net.parameters() if param.grad is not None]
+        precision.unscale_gradients(fit.optimizer)
+        grads = [param.grad for param in fit.net.parameters() if param.grad is not None]
         norms = [torch.linalg.vector_norm(grad) for grad in grads]
         total = torch.linalg.vector_norm(torch.stack([norm.full_tensor() if isinstance(norm, DTensor) else norm
                                                       for norm in norms]))

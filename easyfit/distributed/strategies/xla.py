@@ -15,14 +15,14 @@ import importlib.metadata
 import os
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
 from easyfit.data.contents import move_to_device
 from easyfit.distributed.collectives import XlaCollectives
-from easyfit.distributed.strategies.base import CallState, FitState, Strategy
+from easyfit.distributed.strategies.base import CallState, Strategy
 from easyfit.distributed.strategies.capabilities import Capabilities
+from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
@@ -71,13 +71,11 @@ class XLACall(CallState):
     eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None
 
 
-@dataclass
-class XLAFit(FitState):
-    """An XLA fit: the net and optimizer trained in place on the device (brought back to the CPU at its end), and
+@dataclass(kw_only=True)
+class XLAFit(Fit):
+    """An XLA fit: its net and optimizer are trained in place on the device (brought back to the CPU at its end);
     whether this step's gradients were averaged already (before clipping)."""
 
-    net: torch.nn.Module
-    optimizer: Any
     reduced: bool = False
 
 
@@ -171,14 +169,14 @@ class XLAStrategy(Strategy):
                              "TPUs compute in bfloat16. Use precision='bf16-mixed' (autocast to bfloat16, no loss "
                              "scaling) or '32'.")
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> XLAFit:
         move(net, optimizer, self.root_device)
-        self.fit_state = XLAFit(net, optimizer)
-        return net, optimizer, scheduler
+        return XLAFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
 
-    def module_for_eval(self, net: torch.nn.Module) -> torch.nn.Module:
+    def module_for_eval(self, fit: Fit) -> torch.nn.Module:
         """The net itself when it is on the device (validation in fit); else a copy there, made once per call, so
         the user's net and optimizer keep their parameters."""
+        net = fit.net
         if all(tensor.device == self.root_device for tensor in _tensors(net)):
             return net
         call = self.call_state
@@ -186,21 +184,17 @@ class XLAStrategy(Strategy):
             call.eval_copy = (net, copy.deepcopy(net).to(self.root_device))
         return call.eval_copy[1]
 
-    def end_fit(self, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer,
-                net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
         """The trained net and its optimizer's state back on the CPU (they were trained in place): what fit hands
         back to the caller and what `model.save` writes after it are plain CPU tensors, as before the call."""
-        fit = self.fit_state
-        if isinstance(fit, XLAFit):
-            move(fit.net, fit.optimizer, CPU)
+        self.abandon_fit(fit)
         from easyfit.distributed.strategy_parts.buffers import share_rank_zero_buffers
         share_rank_zero_buffers(self, user_net)   # the same net on every replica (see ParallelStrategy.end_fit)
-        super().end_fit(user_net, user_optimizer, net, optimizer)
+        super().end_fit(fit, user_net, user_optimizer)
 
-    def teardown(self) -> None:
-        """A fit that failed leaves the net on the CPU too."""
-        self.end_fit(None, None, None, None)
-        super().teardown()
+    def abandon_fit(self, fit: Fit) -> None:
+        """A fit that failed leaves the net and its optimizer's state on the CPU too."""
+        move(fit.net, fit.optimizer, CPU)
 
     # --- data -----------------------------------------------------------------------
     @property
@@ -218,11 +212,11 @@ class XLAStrategy(Strategy):
             yield from MpDeviceLoader(iterator, self.root_device)
 
     # --- state ----------------------------------------------------------------------
-    def module_state(self, net: torch.nn.Module) -> dict:
-        return _to_cpu(super().module_state(net))
+    def module_state(self, fit: Fit) -> dict:
+        return _to_cpu(super().module_state(fit))
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        return _to_cpu(super().optimizer_state(optimizer))
+    def optimizer_state(self, fit: Fit) -> dict:
+        return _to_cpu(super().optimizer_state(fit))
 
     def device_rng_state(self) -> dict:
         """The XLA device's random seed, while this process holds the device (not in a caller whose ranks
@@ -237,26 +231,24 @@ class XLAStrategy(Strategy):
             import torch_xla.core.xla_model as xm
             xm.set_rng_state(int(state[XLA_RNG_KEY]), self.root_device)
 
-    def load_checkpoint(self, path: str) -> dict:
+    def load_checkpoint(self, fit: Fit, path: str) -> dict:
         return load_checkpoint_file(path, map_location=CPU)
 
     # --- step -----------------------------------------------------------------------
-    def clip_gradients(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
-                       precision: Precision) -> None:
+    def clip_gradients(self, fit: XLAFit, max_norm: float, precision: Precision) -> None:
         """Clipped after the replicas' gradients are averaged, as DDP clips."""
         import torch_xla.core.xla_model as xm
-        xm.reduce_gradients(optimizer)
-        super().clip_gradients(net, optimizer, max_norm, precision)
-        self.fit_state.reduced = True
+        xm.reduce_gradients(fit.optimizer)
+        super().clip_gradients(fit, max_norm, precision)
+        fit.reduced = True
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
+    def optimizer_step(self, fit: XLAFit, precision: Precision) -> None:
         """The replicas' gradients averaged, then the optimizer's step (the parallel loader syncs the graph)."""
         import torch_xla.core.xla_model as xm
-        fit = self.fit_state
         if fit.reduced:
-            optimizer.step()
+            fit.optimizer.step()
         else:
-            xm.optimizer_step(optimizer)
+            xm.optimizer_step(fit.optimizer)
         fit.reduced = False
 
     # --- collectives ----------------------------------------------------------------

@@ -3,22 +3,16 @@ ZeroRedundancyOptimizer, which keeps on each rank only its share of the optimize
 hyper-parameters and param groups kept)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel
 
 from easyfit.distributed.strategies.ddp import DDPWrapping
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardingStrategy
 from easyfit.parts.optimizers import align_state
 
 
-@dataclass
 class ZeroFit(ShardedFit):
-    """A ZeRO fit: the ZeroRedundancyOptimizer it trains with (ShardedFit's) and the DistributedDataParallel net."""
-
-    wrapped: DistributedDataParallel
+    """A ZeRO fit: its net is the DistributedDataParallel wrapper, its optimizer a ZeroRedundancyOptimizer."""
 
 
 class ZeroStrategy(ShardingStrategy):
@@ -38,26 +32,28 @@ class ZeroStrategy(ShardingStrategy):
         super().__init__(**options)
         self.wrapping = DDPWrapping(find_unused_parameters, sync_batchnorm, gradient_as_bucket_view)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+              settings=None) -> ZeroFit:
         net = self.wrapping.prepare(net).to(self.root_device)
         align_state(optimizer)
         wrapped = self.wrapping.wrap(net, self.root_device)
         sharded = self.rebuilt_optimizer(optimizer, sharding=ZeroRedundancyOptimizer)
-        self.fit_state = ZeroFit(optimizer=sharded, scheduler=scheduler, wrapped=wrapped)
-        return wrapped, self.take_over_optimizer(optimizer), scheduler
+        fit = ZeroFit(strategy=self, net=wrapped, optimizer=sharded, scheduler=scheduler)
+        return self.take_over_optimizer(fit, optimizer)
 
-    def backward(self, loss: torch.Tensor, precision) -> None:
-        super().backward(loss, precision)
-        if isinstance(self.fit_state, ZeroFit):
-            self.wrapping.check_backward(self.fit_state.wrapped)
+    def backward(self, fit, loss: torch.Tensor, precision) -> None:
+        super().backward(fit, loss, precision)
+        if isinstance(fit, ZeroFit):
+            self.wrapping.check_backward(fit.net)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+    def optimizer_state(self, fit) -> dict:
         """The full state in the plain optimizer's format, on every rank (gathered on rank 0, then broadcast)."""
+        optimizer = fit.optimizer
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             return optimizer.state_dict()
         optimizer.consolidate_state_dict(to=0)
         return self.broadcast(optimizer.state_dict() if self.is_global_zero else None)
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(self, fit, state: dict) -> None:
         # ZeroRedundancyOptimizer.load_state_dict clears the other ranks' entries of what it is given: give it a copy
-        optimizer.load_state_dict({**state, "state": dict(state["state"])})
+        fit.optimizer.load_state_dict({**state, "state": dict(state["state"])})
