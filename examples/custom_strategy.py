@@ -35,11 +35,11 @@ class AllReduceStrategy(ParallelStrategy):
 
     name = "allreduce"
 
-    def setup(self, net, optimizer, scheduler=None, settings=None):
-        net = super().setup(net, optimizer, scheduler, settings).net   # moved to this rank's device
+    def setup(self, net, optimizer, scheduler=None, settings=None, call=None):
+        net = super().setup(net, optimizer, scheduler, settings, call).net   # moved to this rank's device
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
-        return AllReduceFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler,
+        return AllReduceFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, call=call,
                             trained_parameters=[p for p in net.parameters() if p.requires_grad])
 
     def backward(self, fit, loss, precision):

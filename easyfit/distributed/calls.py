@@ -54,7 +54,6 @@ def configure_for_call(strategy: Strategy, call: Call, devices="auto") -> Strate
         call.environment.validate(call.num_nodes, per_node)
     strategy.configure(accelerator=call.accelerator, parallel_devices=call.devices, num_nodes=call.num_nodes,
                        environment=call.environment, process_group_backend=call.process_group_backend)
-    strategy.forget_launcher()
     return strategy
 
 

@@ -31,7 +31,7 @@ def launch(*, max_restarts: int = 0, devices="auto", accelerator="auto", strateg
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "
                          "processes at each call. Use strategy='ddp' (the script is re-run for each rank), or "
                          "call fit directly.")
-    launcher = chosen.launcher
+    launcher = chosen.make_launcher()
     if launcher is not None:
         launcher.start_early()
     record_launch_identity(chosen.global_rank, chosen.world_size)

@@ -111,7 +111,7 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     for note in (strategy.selection_note, strategy.auto_reason):
         if note:
             text = f"{note}; {text}"
-    for setup in (strategy.describe_setup(fit), strategy.threads_note):
+    for setup in (strategy.describe_setup(fit), fit and fit.call and fit.call.threads_note):
         if setup:
             text = f"{text}; {setup}"
     lrs = [group["lr"] for group in optimizer.param_groups]

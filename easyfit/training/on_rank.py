@@ -35,11 +35,12 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
     plan's strategy and the call's `RunningCall` on the Model (dropped at the end, the outer call's put back); (its
     result, the state rank 0 hands back to a caller in another process, or None)."""
     strategy, kind, outer = plan.strategy, plan.kind, model.running
-    strategy.setup_environment()
+    call_state = strategy.setup_environment(plan.launcher)
     # a rank-local call (strategy="single" among ranks) keeps the rank's identity
     identity = (strategy.global_rank, strategy.world_size) if strategy.world_size > 1 else None
     model.running = call = RunningCall(strategy, strategy.precision_plugin(model.precision, plan.precision),
-                                       identity or (outer or model._last_call).identity)
+                                       identity or (outer or model._last_call).identity, call_state,
+                                       launched=plan.launcher is not None)
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
     say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:
@@ -59,7 +60,7 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
             raise
         raise explained from error
     finally:
-        strategy.teardown()
+        strategy.teardown(call_state)
         model._last_call, model.running = model._last_call.after(call), outer
 
 
@@ -83,7 +84,7 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
     precision.convert_module(model.net)
     settings = TrainingSettings.of(options, scheduler_interval=model.scheduler_interval, precision=precision.name)
     user_optimizer = model.optimizer
-    fit = strategy.setup(model.net, user_optimizer, model.scheduler, settings)
+    fit = strategy.setup(model.net, user_optimizer, model.scheduler, settings=settings, call=call.call_state)
     if not isinstance(fit, Fit):
         raise TypeError(f"{type(strategy).__qualname__}.setup returned {type(fit).__name__}, not the fit's object: "
                         "setup now returns an easyfit.strategies.Fit (Fit(strategy=self, net=..., optimizer=..., "
@@ -114,7 +115,7 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
         restartable = fault_tolerance.restartable_fit(options.fault_tolerance,
-                                                      options.max_restarts if strategy.launcher is not None else 0,
+                                                      options.max_restarts if call.launched else 0,
                                                       strategy)
         callbacks = call.callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
         resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
@@ -193,7 +194,7 @@ def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
     model.precision.convert_module(model.net)
     display = progress_callbacks(verbose, strategy.is_global_zero)
     callback_list = CallbackList([*display, *callbacks], model, {"verbose": verbose})
-    return Loop(model, callback_list, Fit(strategy=strategy, net=model.net))
+    return Loop(model, callback_list, Fit(strategy=strategy, net=model.net, call=model.running.call_state))
 
 
 def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = False, targets: bool = True, **options):

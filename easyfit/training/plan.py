@@ -110,7 +110,7 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
         launcher = RayLauncher(on_ray, getattr(strategy, "num_processes", 1), run.num_nodes, run.accelerator,
                                options.max_restarts if kind.trains else 0, worker_plan)
         return Plan(kind, run, strategy, launcher, precision, True, compiling, options)
-    launcher = strategy.launcher
+    launcher = strategy.make_launcher()
     if kind.trains:
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)

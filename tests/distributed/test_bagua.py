@@ -203,7 +203,7 @@ def test_contract_auto_under_the_bagua_launcher_is_bagua(fake_bagua, monkeypatch
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
     strategy = connect("auto")
-    assert isinstance(strategy, BaguaStrategy) and strategy.launcher is None
+    assert isinstance(strategy, BaguaStrategy) and strategy.make_launcher() is None
     assert (strategy.world_size, strategy.global_rank, strategy.root_device) == (2, 1, torch.device("cuda", 1))
 
 
@@ -233,6 +233,6 @@ def test_contract_a_rank_under_bagua_launcher_joins_without_easyfit_handshake(fa
                         "MASTER_PORT": "0"}.items():
         monkeypatch.setenv(name, value)
     strategy = connect(BaguaStrategy())
-    assert strategy.environment.creates_processes_externally and strategy.launcher is None
+    assert strategy.environment.creates_processes_externally and strategy.make_launcher() is None
     strategy.setup_environment()
     assert fake_bagua.init == ("TCPStore", 0, 1, 1)

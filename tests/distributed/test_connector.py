@@ -153,7 +153,7 @@ def test_each_name_gives_its_class_start_method_and_launcher(name, gpus, env):
     arguments = {"single": dict(devices=1), "ddp2": dict(devices=2, num_nodes=2),
                  "xla": dict(devices=1)}.get(name, dict(devices=2))
     strategy = connect(name.upper() if name == "ddp" else name, **arguments)   # names are case-insensitive
-    launcher = strategy.launcher
+    launcher = strategy.make_launcher()
     assert (*kind(strategy), type(launcher).__name__ if launcher else None) == NAMED[name]
     if isinstance(launcher, ProcessLauncher):
         assert launcher.start_method == strategy.start_method
@@ -163,7 +163,7 @@ def test_ddp_on_gpus_is_configured_for_nccl_one_gpu_per_process(gpus):
     strategy = connect("ddp", devices="1, 3")
     assert strategy.parallel_devices == [torch.device("cuda", 1), torch.device("cuda", 3)]
     assert strategy.process_group_backend == "nccl" and strategy.accelerator == "cuda"
-    strategy.set_local_rank(1)
+    strategy.configure_rank(1)
     assert (strategy.global_rank, strategy.root_device) == (1, torch.device("cuda", 3))
 
 
@@ -221,7 +221,7 @@ def test_a_strategy_object_keeps_what_it_was_given(gpus):
 def test_torchrun_says_the_ranks_and_auto_devices_adopt_its_processes_per_node(env, notebook):
     env(TORCHRUN)
     strategy = connect(accelerator="cpu", num_nodes=2)
-    assert kind(strategy) == ("DDPStrategy", "popen") and strategy.launcher is None   # already launched
+    assert kind(strategy) == ("DDPStrategy", "popen") and strategy.make_launcher() is None   # already launched
     assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (4, 3, 1, 1)
     assert strategy.num_processes == 2 and strategy.environment.name == "torchrun"
 
@@ -230,7 +230,7 @@ def test_slurm_says_the_ranks(env):
     env(SLURM)
     strategy = connect("ddp", accelerator="cpu", num_nodes=2)
     assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (4, 3, 1, 1)
-    assert strategy.launcher is None and strategy.environment.name == "SLURM"
+    assert strategy.make_launcher() is None and strategy.environment.name == "SLURM"
 
 
 def test_auto_gpus_under_a_launcher_are_one_per_local_process(env, gpus):
@@ -351,16 +351,22 @@ def test_a_registered_strategy_is_taken_by_name_and_its_names_cannot_clash(monke
         easyfit.strategies.register(MySingle, names={"ddp": {}}, public_name="Other")
 
 
-def test_a_call_makes_its_launcher_once_and_a_copy_sent_to_a_rank_makes_its_own():
+def test_a_call_makes_its_launcher_once_in_its_plan_and_the_strategy_keeps_none(monkeypatch):
     import pickle
 
     from easyfit.distributed.launchers import ScriptLauncher
-    strategy = connect(strategy=DDPStrategy(), devices=2, accelerator="cpu")
-    launcher = strategy.launcher
-    assert isinstance(launcher, ScriptLauncher) and strategy.launcher is launcher
-    assert connect(strategy=strategy, devices=2, accelerator="cpu").launcher is not launcher   # the next call's
-    copy = pickle.loads(pickle.dumps(strategy))
-    assert "_launcher" not in copy.__dict__ and isinstance(copy.launcher, ScriptLauncher)
+    from easyfit.distributed.run_options import RunOptions
+    from easyfit.training.fit_options import FitOptions
+    from easyfit.training.on_rank import FIT
+    from easyfit.training.plan import plan_call
+    made, make = [], DDPStrategy.make_launcher
+    monkeypatch.setattr(DDPStrategy, "make_launcher", lambda self: made.append(make(self)) or made[-1])
+    plan = plan_call(easyfit.Model(torch.nn.Linear(2, 2)), FIT,
+                     RunOptions(strategy=DDPStrategy(), devices=2, accelerator="cpu"), FitOptions(verbose=0))
+    assert len(made) == 1 and isinstance(made[0], ScriptLauncher) and plan.launcher is made[0]
+    assert not any(isinstance(value, ScriptLauncher) for value in vars(plan.strategy).values())
+    copy = pickle.loads(pickle.dumps(plan.strategy))
+    assert isinstance(make(copy), ScriptLauncher)
 
 
 def test_a_strategy_with_its_own_optimizer_step_is_not_compiled_past_it():

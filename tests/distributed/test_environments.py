@@ -356,7 +356,7 @@ def test_a_call_in_a_users_worker_takes_rays_ranks_and_starts_no_process(env):
     env(RAY_WORKER)
     strategy = connect(strategy="ddp", accelerator="cpu", num_nodes=2)
     assert (strategy.world_size, strategy.global_rank, strategy.num_processes) == (4, 3, 2)
-    assert strategy.launcher is None   # the user's TorchTrainer started the ranks, and restarts them
+    assert strategy.make_launcher() is None   # the user's TorchTrainer started the ranks, and restarts them
     with pytest.raises(ValueError, match=r"Ray Train started 4 workers \(2 per node\) but fit asks for num_nodes=1"):
         connect(strategy="ddp", accelerator="cpu", devices=2)
 
@@ -364,7 +364,7 @@ def test_a_call_in_a_users_worker_takes_rays_ranks_and_starts_no_process(env):
 def test_a_worker_of_launcher_ray_is_easyfits_own_wherever_ray_placed_it(env):
     env(RAY_WORKER, EASYFIT_RAY_LAUNCHED="1", LOCAL_WORLD_SIZE="3")   # Ray put 3 of the 4 workers on this node
     strategy = connect(strategy="fsdp", accelerator="cpu", num_nodes=2)
-    assert isinstance(strategy.launcher, RelaunchedRankLauncher)   # restarts, and the fault tolerance, are easyfit's
+    assert isinstance(strategy.make_launcher(), RelaunchedRankLauncher)   # restarts and fault tolerance: easyfit's
     assert (strategy.world_size, strategy.global_rank, strategy.num_processes) == (4, 3, 3)
     env(EASYFIT_RAY_LAUNCHED="0")   # a user's own TorchTrainer: its workers must be the call's
     with pytest.raises(ValueError, match=r"Ray Train started 4 workers \(3 per node\)"):

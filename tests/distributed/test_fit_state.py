@@ -57,14 +57,14 @@ def fitted(strategy, make_net) -> tuple[easyfit.Model, SeesFit]:
 
 @pytest.mark.parametrize("strategy", [Strategy(), SingleDeviceStrategy()], ids=["base", "single"])
 def test_a_strategy_pickles_without_its_launcher(strategy):
-    assert strategy.launcher is None and not hasattr(strategy, "fit_state")
+    assert strategy.make_launcher() is None and not hasattr(strategy, "fit_state")
     copy = pickle.loads(pickle.dumps(strategy))
     assert "_launcher" not in vars(copy) and copy.root_device == strategy.root_device
 
 
 def test_a_configured_ddp_strategy_pickles_its_configuration_only():
     strategy = connect(DDPStrategy(start_method="spawn", find_unused_parameters=True), devices=2, accelerator="cpu")
-    assert strategy.launcher is not None
+    assert strategy.make_launcher() is not None
     copy = pickle.loads(pickle.dumps(strategy))
     assert "_launcher" not in vars(copy)
     assert (copy.parallel_devices, copy.process_group_backend, copy.wrapping.find_unused_parameters) == \
@@ -96,17 +96,17 @@ def test_a_strategy_written_to_the_earlier_step_contract_is_refused_saying_what_
             def no_sync(self, net):
                 return net.no_sync()
     with pytest.raises(TypeError, match=r"OldSetup defines setup as.*setup\(net, optimizer, scheduler=None, "
-                                        r"settings=None\)` returns the fit's object"):
+                                        r"settings=None, call=None\)` returns the fit's object"):
         class OldSetup(SingleDeviceStrategy):
             def setup(self, net, optimizer, scheduler=None):
                 return net, optimizer, scheduler
     with pytest.raises(ImportError, match="FitState is now easyfit.strategies.Fit"):
-        from easyfit.strategies import FitState   # noqa: F401
+        from easyfit.strategies import FitState  # noqa: F401
 
 
 def test_a_setup_that_returns_no_fit_is_refused_before_training(make_net):
     class TupleSetup(SingleDeviceStrategy):
-        def setup(self, net, optimizer, scheduler=None, settings=None):
+        def setup(self, net, optimizer, scheduler=None, settings=None, call=None):
             return net, optimizer, scheduler
 
     model = easyfit.Model(make_net(out_features=2), "cross_entropy", "sgd", lr=0.1)

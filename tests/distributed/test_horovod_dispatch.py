@@ -35,7 +35,7 @@ def test_auto_under_horovodrun_picks_horovod_and_its_ranks(monkeypatch):
         monkeypatch.setenv(name, value)
     strategy = connect("auto", accelerator="cpu")
     assert isinstance(strategy, HorovodStrategy)
-    assert strategy.launcher is None, "horovodrun started the ranks"
+    assert strategy.make_launcher() is None, "horovodrun started the ranks"
     assert (strategy.world_size, strategy.num_processes) == (2, 2)
 
 
@@ -49,9 +49,9 @@ def test_auto_under_plain_mpirun_stays_ddp(monkeypatch):
 def test_devices_from_a_plain_script_use_the_horovod_run_launcher():
     from easyfit.distributed.launchers.horovod import HorovodLauncher
     strategy = connect("horovod", devices=2, accelerator="cpu")
-    assert isinstance(strategy.launcher, HorovodLauncher)
-    assert not strategy.launcher.rank_zero_in_caller
-    assert connect("horovod", devices=1, accelerator="cpu").launcher is None
+    assert isinstance(strategy.make_launcher(), HorovodLauncher)
+    assert not strategy.make_launcher().rank_zero_in_caller
+    assert connect("horovod", devices=1, accelerator="cpu").make_launcher() is None
 
 
 def test_several_machines_without_horovodrun_say_how_to_launch():

@@ -1,6 +1,6 @@
 """A call's placement (world size, global / local / node rank, devices) is read from the launch environment once, when
-the call's environment is set up, and frozen: nothing re-reads the environment per access. Each rank of a real
-2-process ddp fit counts its calls into easyfit/distributed/environments/ (tests/distributed/scripts/
+the call's strategy is configured for this process, and frozen: nothing re-reads the environment per access. Each
+rank of a real 2-process ddp fit counts its calls into easyfit/distributed/environments/ (tests/distributed/scripts/
 environment_reads.py): a fit of 4 epochs makes no more of them than a fit of 1, and both stay few (before the
 placement was frozen: 190 and 298 on rank 0, 767 and 1,343 on rank 1; now 55 and 99, whatever the epochs)."""
 from __future__ import annotations
@@ -30,20 +30,20 @@ def test_a_ddp_fit_reads_its_ranks_from_the_environment_once_not_per_step(tmp_pa
         assert counts["1"] <= MOST_READS, (rank, counts)
 
 
-def test_the_placement_is_frozen_from_setup_to_teardown(monkeypatch):
-    """Once the call's environment is set up its ranks are the call's, even if the variables change under it; the
-    next call reads them afresh."""
+def test_the_placement_is_frozen_when_the_strategy_is_configured(monkeypatch):
+    """Once the call's strategy is configured for this process its ranks are the call's, through its environment's
+    setup and teardown, even if the variables change under it; a new configuration reads them afresh."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     group_before = dist.is_initialized()
     strategy = connect("ddp", devices=1, accelerator="cpu")
-    strategy.setup_environment()
+    monkeypatch.setenv("NODE_RANK", "3")   # read by the environment on every question it is asked
+    call = strategy.setup_environment()
     try:
         assert strategy.placement == Placement(world_size=1, global_rank=0, local_rank=0, node_rank=0)
-        monkeypatch.setenv("NODE_RANK", "3")   # read by the environment on every question it is asked
         assert (strategy.node_rank, strategy.global_rank, strategy.root_device) == (0, 0, torch.device("cpu"))
     finally:
-        strategy.teardown()
+        strategy.teardown(call)
         if not group_before:   # one process's group, kept for later calls of a script: not for later tests
             destroy_process_group()
-    assert strategy.call_state is None and strategy.node_rank == 3   # outside a call: as the environment says now
+    assert strategy.node_rank == 0 and strategy.read_placement().node_rank == 3

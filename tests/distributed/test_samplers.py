@@ -24,7 +24,7 @@ WORLD_SIZE = 2
 
 @pytest.fixture(autouse=True)
 def plain_run(monkeypatch):
-    """Ranks come from set_local_rank, not from variables of a launcher that may have started pytest."""
+    """Ranks come from configure_rank, not from variables of a launcher that may have started pytest."""
     for name in ("EASYFIT_LAUNCHED_RANK", "NODE_RANK"):
         monkeypatch.delenv(name, raising=False)
 
@@ -32,7 +32,7 @@ def plain_run(monkeypatch):
 def rank(local_rank: int, world_size: int = WORLD_SIZE) -> DDPStrategy:
     strategy = DDPStrategy()
     strategy.configure(accelerator="cpu", parallel_devices=[torch.device("cpu")] * world_size)
-    strategy.set_local_rank(local_rank)
+    strategy.configure_rank(local_rank)
     return strategy
 
 

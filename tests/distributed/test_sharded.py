@@ -344,7 +344,8 @@ def test_deepspeed_config_derives_from_fit_and_the_user_keys_win(tmp_path, monke
     assert config["zero_force_ds_cpu_optimizer"] is False
     monkeypatch.delenv("EASYFIT_DEEPSPEED_CONFIG")
     plain = easyfit.strategies.DeepSpeed()
-    assert plain.config(TrainingSettings())["gradient_clipping"] == 0.0, "DeepSpeed's default of 1.0 must not apply silently"
+    assert plain.config(TrainingSettings())["gradient_clipping"] == 0.0, \
+        "DeepSpeed's default of 1.0 must not apply silently"
 
 
 def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monkeypatch):
@@ -367,11 +368,11 @@ def test_deepspeed_buckets_are_sized_from_the_net_unless_the_user_sets_them(monk
 
 
 def test_a_sharded_directory_outside_a_sharded_fit_says_how_to_resume_or_convert_it(tmp_path):
-    from easyfit.strategies import FSDP, DeepSpeed
+    from easyfit.strategies import FSDP, DeepSpeed, Fit
     for strategy, words in ((FSDP(), "under strategy='fsdp'"), (DeepSpeed(stage=3), "on as many processes")):
         with pytest.raises(ValueError, match=rf"is a .* checkpoint directory: resume it with fit\(resume_from=...\) "
                                              rf".*{words}.*python -m easyfit.checkpoint_convert"):
-            strategy.load_checkpoint(str(tmp_path))
+            strategy.load_checkpoint(Fit(strategy=strategy, net=torch.nn.Linear(2, 2)), str(tmp_path))
 
 
 @NEEDS_DEEPSPEED

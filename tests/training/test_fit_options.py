@@ -90,8 +90,11 @@ def cached(self, key, build):
 compiling.CompiledSteps._cached = cached
 from easyfit.distributed.strategies.base import Strategy
 setup = Strategy.setup
-Strategy.setup = lambda self, net, optimizer, scheduler=None, given=None: (settings.append(given)
-                                                                          or setup(self, net, optimizer, scheduler, given))
+def recording_setup(self, net, optimizer, scheduler=None, given=None):
+    settings.append(given)
+    return setup(self, net, optimizer, scheduler, given)
+
+Strategy.setup = recording_setup
 model = Model(torch.nn.Linear(2, 2), optimizer="sgd")
 try:
     with warnings.catch_warnings():

@@ -154,12 +154,12 @@ def test_float16_mixed_is_refused_with_bf16_named():
 def test_auto_on_tpu_and_a_strategy_object_are_xla():
     from easyfit.distributed.connector import connect
     strategy = connect(accelerator="tpu", devices=1)
-    assert strategy.name == "xla" and strategy.launcher is None
+    assert strategy.name == "xla" and strategy.make_launcher() is None
     given = easyfit.strategies.XLA()
     configured = connect(strategy=given, devices=1)
     # the call configures a copy: the user's object stays as made, ready for another call
-    assert type(configured) is type(given) and configured is not given and configured.launcher is None
-    assert type(connect(strategy=easyfit.strategies.XLA(), devices=-1).launcher).__name__ == "XLALauncher"
+    assert type(configured) is type(given) and configured is not given and configured.make_launcher() is None
+    assert type(connect(strategy=easyfit.strategies.XLA(), devices=-1).make_launcher()).__name__ == "XLALauncher"
 
 
 def test_every_device_is_started_by_torch_xla_launch_and_rank_zero_state_comes_back(tmp_path):

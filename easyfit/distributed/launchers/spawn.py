@@ -169,7 +169,7 @@ def _run_rank(local_rank: int, work: tuple | bytes, exchange_dir: str, caller: N
     def run() -> Any:
         strategy, function, args, kwargs, random_state = pickle.loads(work) if isinstance(work, bytes) else work
         random_state.restore()
-        strategy.set_local_rank(local_rank)
+        strategy.configure_rank(local_rank)
         return function(*args, **kwargs)
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a forked rank's copy of the caller's handler

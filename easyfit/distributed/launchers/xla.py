@@ -23,7 +23,8 @@ class XLALauncher(Launcher):
 
     def start(self, function: Callable, *args, **kwargs) -> Any:
         import torch_xla
-        work = pickle.dumps((function, args, kwargs))   # each replica gets its own copy (the strategy is in args)
+        # each replica gets its own copy; the strategy among the arguments is the one it configures as its rank
+        work = pickle.dumps((self.strategy, function, args, kwargs))
         exchange_dir = exchange_directory("xla")
         try:
             try:
@@ -43,7 +44,8 @@ class XLALauncher(Launcher):
 def _run_replica(index: int, work: bytes, exchange_dir: str) -> None:
     """The body of a replica (`index` is its global ordinal)."""
     def run() -> Any:
-        function, args, kwargs = pickle.loads(work)
+        strategy, function, args, kwargs = pickle.loads(work)
+        strategy.configure_rank(index)
         return function(*args, **kwargs)
 
     run_and_report(index, exchange_dir, run)

@@ -121,7 +121,7 @@ class BaguaStrategy(ParallelStrategy):
             return launchers.existing_rank_launcher(self.environment)
         return launchers.ScriptLauncher(self) if self.num_processes > 1 else None
 
-    def join_process_group(self) -> None:
+    def join_process_group(self, call) -> None:
         """Join Bagua's process group (it also creates torch's, over NCCL, which easyfit's collectives use); this
         rank's GPU is selected already."""
         bagua = import_bagua(self.algorithm)
@@ -132,12 +132,12 @@ class BaguaStrategy(ParallelStrategy):
         bagua.init_process_group(store, rank=self.global_rank, world_size=self.world_size,
                                  local_world_size=self.num_processes)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> BaguaFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> BaguaFit:
         """`net.with_bagua([optimizer], algorithm)`: Bagua hooks into the net and the optimizer in place."""
-        net = Strategy.setup(self, net, optimizer, scheduler, settings).net
+        net = Strategy.setup(self, net, optimizer, scheduler, settings, call).net
         net = net.with_bagua([optimizer], self._make_algorithm(optimizer))
-        return BaguaFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
+        return BaguaFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, call=call)
 
     def _make_algorithm(self, optimizer: torch.optim.Optimizer):
         spec = ALGORITHMS[self.algorithm]

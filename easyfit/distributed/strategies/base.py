@@ -1,15 +1,13 @@
 """The Strategy contract: everything Model, the loop and the callbacks may ask of a backend.
 
-A strategy makes a fit's objects (`setup` returns the fit's `Fit`: the net, optimizer and scheduler everyone uses
-until the fit ends, and what the backend keeps for it), reads and loads their state (on every rank: for a sharded
-backend these are collectives), runs the step (backward, optimizer step, zeroing, clipping, the no-sync context) and
-the collectives. The base class is a correct single-process backend, so a backend overrides only what it does
-differently. The step and state methods take the fit they act on first; the loop, the Model and the callbacks call
-them through the fit (`fit.backward(loss, precision)`).
+A strategy makes a fit's objects (`setup` returns the fit's `Fit`), reads and loads their state (on every rank:
+collectives for a sharded backend), runs the step and the collectives; its step and state methods take the fit first,
+called through it (`fit.backward(loss, precision)`). The base class is a correct single-process backend.
 
-A strategy object is configuration (what the user and the connector set; pickled to spawned ranks), written by no
-method of a fit. What one call holds in this process (process groups, a mesh, the CPU cores' share) is its
-`call_state` (`setup_environment` to `teardown`); what one fit holds is its `Fit`, held by the fit's caller.
+A strategy object is configuration (what the user and the connector set, this rank's placement among it; pickled
+to spawned ranks), written by no call: what one call holds in this process (process groups, the CPU cores' share) is
+the `CallState` its `setup_environment` returns and its `teardown` releases, and what one fit holds is the `Fit` its
+`setup` returns; the call's `RunningCall` holds both.
 """
 from __future__ import annotations
 
@@ -38,6 +36,8 @@ TAKE_THE_FIT = ("training_step", "backward", "optimizer_step", "zero_grad", "no_
                 "end_fit", "describe_setup")
 #: what those methods took first in the earlier contract (`describe_setup` took nothing)
 EARLIER_FIRST_PARAMETERS = ("net", "optimizer", "loss", "path", "user_net", None)
+
+
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -80,12 +80,12 @@ def check_contract(cls) -> None:
     old = [name for name in TAKE_THE_FIT
            if callable(vars(cls).get(name)) and first(vars(cls)[name]) in EARLIER_FIRST_PARAMETERS]
     setup = vars(cls).get("setup")
-    if callable(setup) and "settings" not in inspect.signature(setup).parameters:
+    if callable(setup) and not {"settings", "call"} <= set(inspect.signature(setup).parameters):
         old.append("setup")
     if old:
         raise TypeError(f"{cls.__qualname__} defines {', '.join(old)} as the earlier Strategy contract did. Now "
-                        "`setup(net, optimizer, scheduler=None, settings=None)` returns the fit's object, an "
-                        "easyfit.strategies.Fit (a subclass of it holds what your backend keeps for the fit, in "
+                        "`setup(net, optimizer, scheduler=None, settings=None, call=None)` returns the fit's object, "
+                        "an easyfit.strategies.Fit (a subclass of it holds what your backend keeps for the fit, in "
                         "place of `self.fit_state`), and the step and state methods take that fit first, e.g. "
                         "`backward(self, fit, loss, precision)`, `no_sync(self, fit)`, with `fit.net` and "
                         "`fit.optimizer`; see docs/strategies.md")
@@ -118,8 +118,6 @@ class Strategy:
     """One process's view of a backend. The base class is a correct single-process backend."""
 
     name = "single"
-    #: the running call's state in this process (the backend's CallState, see the module's docstring); else None
-    call_state: CallState | None = None
 
     #: what this backend can do and what the connector and the loop must know (see capabilities.py); a subclass
     #: declares its own, and each flag also reads as an attribute (`strategy.handles_clipping`)
@@ -128,8 +126,6 @@ class Strategy:
     auto_reason: str | None = None
     #: set by the connector when the devices were auto-selected (auto_select_gpus): which, for the summary line
     selection_note: str | None = None
-    #: while a call runs: how many CPU threads each rank was given, for the summary line (None: left as they were)
-    threads_note: str | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -156,29 +152,10 @@ class Strategy:
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
-    @property
-    def launcher(self):
-        """How this call's ranks are started (a `easyfit.distributed.launchers.Launcher`), made once per call
-        (`make_launcher`; the connector's `configure_for_call` starts a call afresh); None: this process is the only
-        rank, or the ranks exist already."""
-        if "_launcher" not in self.__dict__:
-            self._launcher = self.make_launcher()
-        return self._launcher
-
     def make_launcher(self):
-        """The launcher of this call (see `launcher`)."""
+        """A new launcher of a call's ranks (a `easyfit.distributed.launchers.Launcher`): the call's plan makes it
+        once and holds it; None: this process is the only rank, or the ranks exist already."""
         return None
-
-    def forget_launcher(self) -> None:
-        """A new call starts: its launcher is made when first asked for."""
-        self.__dict__.pop("_launcher", None)
-
-    def __getstate__(self) -> dict:
-        """A copy sent to another process (a spawned rank) makes its own launcher there."""
-        state = self.__dict__.copy()
-        for per_call in ("_launcher", "call_state"):
-            state.pop(per_call, None)
-        return state
 
     @property
     def batch_factor(self) -> int:
@@ -209,10 +186,16 @@ class Strategy:
         return len(call.devices)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self) -> None:
-        """Create the process group (if any) and select this process's device."""
+    def configure_rank(self, local_rank: int) -> None:
+        """In a process a launcher started for one rank (spawn, fork, a TPU replica), before its call: that rank's
+        configuration (nothing here)."""
+
+    def setup_environment(self, launcher=None) -> CallState:
+        """Create the process group (if any) and select this process's device; `launcher`: the call's (None: no
+        launcher of easyfit's started this rank). Returns what the call holds in this process until `teardown`."""
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
+        return CallState()
 
     def precision_plugin(self, current: Precision, requested: Any) -> Precision:
         """The precision plugin for this call: `requested` (None: as `current`), on this process's device."""
@@ -223,13 +206,15 @@ class Strategy:
         process (a null context here: the net is built as usual)."""
         return contextlib.nullcontext()
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> Fit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call: CallState | None = None) -> Fit:
         """The fit's own object: the net (and the optimizer's state) moved to the device and wrapped for the backend,
-        built from the fit's `TrainingSettings` (batch size, accumulation, clipping, precision; None: the defaults).
-        Model, the loop and the callbacks use its net, optimizer and scheduler until the fit ends."""
+        built from the fit's `TrainingSettings` (batch size, accumulation, clipping, precision; None: the defaults),
+        in the call `call` (what `setup_environment` returned). Model, the loop and the callbacks use its net,
+        optimizer and scheduler until the fit ends."""
         net.to(self.root_device)
         align_state(optimizer)
-        return Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
+        return Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, call=call)
 
     def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
         """At the end of a fit, on every rank: the full trained weights into the user's net and the full optimizer
@@ -247,10 +232,8 @@ class Strategy:
         rank run as many evaluation forwards as the rank with the most batches."""
         return False
 
-    def teardown(self) -> None:
-        """Release what `setup_environment` created (an override calls this one): the strategy holds its
-        configuration alone again."""
-        vars(self).pop("call_state", None)
+    def teardown(self, call: CallState) -> None:
+        """Release what `setup_environment` made for `call` (nothing here)."""
 
     def compile_context(self) -> contextlib.AbstractContextManager:
         """The torch.compile settings (torch._dynamo.config) a compiled call runs under; none here."""

@@ -23,7 +23,8 @@ class Capabilities:
     #: the backend accumulates gradients itself: the loop calls `backward` on the undivided loss and `optimizer_step`
     #: after every batch, and the backend decides when the optimizer really steps
     handles_accumulation: bool = False
-    #: the backend clips gradients itself (configured by `setup` from the settings): the loop never calls `clip_gradients`
+    #: the backend clips gradients itself (its `setup` configures it from the fit's settings): the loop never calls
+    #: `clip_gradients`
     handles_clipping: bool = False
     #: fit / evaluate / predict accept compile=...: the backend's step is plain PyTorch that torch.compile traces.
     #: False: such a call raises a clear error

@@ -93,13 +93,15 @@ class DDPStrategy(ParallelStrategy):
                                          or ("nccl" if call.accelerator == "cuda" else "gloo"))
         super().check_call(call)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> DDPFit:
-        fit = super().setup(self.wrapping.prepare(net), optimizer, scheduler, settings)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> DDPFit:
+        fit = super().setup(self.wrapping.prepare(net), optimizer, scheduler, settings, call)
         wrapped = self.wrapping.wrap(fit.net, self.root_device)
         hook_state = None
         if self.communication.active:
             optimizer, hook_state = configure_communication(wrapped, optimizer, self.communication)
-        return DDPFit(strategy=self, net=wrapped, optimizer=optimizer, scheduler=scheduler, hook_state=hook_state)
+        return DDPFit(strategy=self, net=wrapped, optimizer=optimizer, scheduler=scheduler, call=call,
+                      hook_state=hook_state)
 
     def backward(self, fit: Fit, loss: torch.Tensor, precision) -> None:
         super().backward(fit, loss, precision)

@@ -53,6 +53,7 @@ class DDP2Strategy(ParallelStrategy):
         super().configure(*args, **kwargs)
         self.node_devices = self.parallel_devices
         self.parallel_devices = self.parallel_devices[:1]   # one process per node, rooted at the first device
+        self.frozen_placement = self.read_placement()   # of one process per node
 
     def start_launcher(self) -> None:
         return None   # one process per node: started by hand, torchrun or SLURM on each node
@@ -63,15 +64,15 @@ class DDP2Strategy(ParallelStrategy):
     def describe_batch_factor(self) -> str:
         return "nodes" if self.batch_factor != 1 else "node"
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> DDP2Fit:
-        net = super().setup(net, optimizer, scheduler, settings).net
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> DDP2Fit:
+        net = super().setup(net, optimizer, scheduler, settings, call).net
         for tensor in [*net.parameters(), *net.buffers()]:
             dist.broadcast(tensor.data, src=0)
         params = [p for p in net.parameters() if p.requires_grad]
         if len(self.node_devices) > 1:
             net = torch.nn.DataParallel(net, device_ids=[d.index for d in self.node_devices])
-        return DDP2Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, params=params)
+        return DDP2Fit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, call=call, params=params)
 
     def backward(self, fit: DDP2Fit, loss: torch.Tensor, precision: Precision) -> None:
         super().backward(fit, loss, precision)

@@ -163,16 +163,17 @@ class DeepSpeedStrategy(ShardingStrategy):
         deepspeed = require("deepspeed", "deepspeed", self.name)
         return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
 
-    def setup_environment(self) -> None:
-        super().setup_environment()
+    def setup_environment(self, launcher=None):
+        call = super().setup_environment(launcher)
         # DeepSpeed reads the ranks from the variables its own launcher and torchrun set; easyfit's rank 0 has none
         for variable, value in (("LOCAL_RANK", self.local_rank), ("RANK", self.global_rank),
                                 ("WORLD_SIZE", self.world_size)):
             os.environ.setdefault(variable, str(value))
         deepspeed_for_training(self.name).init_distributed(dist_backend=self.process_group_backend)
+        return call
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> DeepSpeedFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> DeepSpeedFit:
         deepspeed = require("deepspeed", "deepspeed", self.name)
         num_params = sum(getattr(p, "ds_numel", p.numel()) for p in optimizer_params(optimizer))   # ZeRO-3: full sizes
         config = self.config(settings, num_params)
@@ -194,7 +195,7 @@ class DeepSpeedStrategy(ShardingStrategy):
             cast_inputs(engine.module, low)
         full_state = FullState(engine, [own[name] for name in names],
                                [len(group["params"]) for group in optimizer.param_groups], self)
-        fit = DeepSpeedFit(strategy=self, net=engine, optimizer=stepping, scheduler=scheduler, user_net=net,
+        fit = DeepSpeedFit(strategy=self, net=engine, optimizer=stepping, scheduler=scheduler, call=call, user_net=net,
                            names=names, full_state=full_state, layout=layout, sizing_note=sizing_note)
         return self.take_over_optimizer(fit, optimizer)
 

@@ -42,7 +42,7 @@ class DataParallelStrategy(Strategy):
             raise ValueError("strategy='dp' runs in one process on one node; for several nodes use 'ddp', or 'ddp2' "
                              "(DataParallel inside each node, DDP across nodes)")
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None):
-        fit = super().setup(net, optimizer, scheduler, settings)
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None, call=None):
+        fit = super().setup(net, optimizer, scheduler, settings, call)
         fit.net = torch.nn.DataParallel(fit.net, device_ids=[d.index for d in self.parallel_devices])
         return fit

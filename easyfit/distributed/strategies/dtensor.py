@@ -125,12 +125,12 @@ class DTensorStrategy(ShardingStrategy):
         return sharding.copy_to_train(net, optimizer, self.root_device)
 
     # --- life -----------------------------------------------------------------------
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> DTensorFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> DTensorFit:
         sharded = self.training_copy(net, optimizer)
         self.shard(sharded, self.build_mesh(), settings)
         fit = DTensorFit(strategy=self, net=sharded, optimizer=self.rebuilt_optimizer(optimizer, net, sharded),
-                         scheduler=scheduler, user_net=net, names=param_names(net, optimizer))
+                         scheduler=scheduler, call=call, user_net=net, names=param_names(net, optimizer))
         return self.take_over_optimizer(fit, optimizer)
 
     def hand_back_weights(self, fit: DTensorFit, user_net, user_optimizer) -> None:

@@ -26,16 +26,16 @@ class ShardedStrategy(ShardingStrategy):
             raise ValueError(f"strategy={self.name!r} does not support precision='16-mixed' (its loss scaler must "
                              "know the sharding); use precision='bf16-mixed' or '32', or strategy='fsdp'")
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> FairScaleFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> FairScaleFit:
         """The gradients a failed fit left in the user's parameters are dropped first: ShardedDataParallel takes
         their values into its reduce buckets, and its first step would add them to its own."""
         oss = require("fairscale.optim.oss", "fairscale", self.name)
         sharded_ddp = require("fairscale.nn.data_parallel", "fairscale", self.name)
         net.to(self.root_device).zero_grad(set_to_none=True)
         sharded = self.rebuilt_optimizer(optimizer, sharding=oss.OSS)
-        fit = self.take_over_optimizer(FairScaleFit(strategy=self, net=net, optimizer=sharded, scheduler=scheduler),
-                                       optimizer)
+        fit = self.take_over_optimizer(FairScaleFit(strategy=self, net=net, optimizer=sharded, scheduler=scheduler,
+                                                    call=call), optimizer)
         fit.net = sharded_ddp.ShardedDataParallel(net, sharded)   # once it took over the user's state
         return fit
 

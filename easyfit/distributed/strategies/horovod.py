@@ -7,6 +7,7 @@ epoch loss, metric states, checkpoints) goes through Horovod's own.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ from easyfit.distributed.collectives import HorovodCollectives
 from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.capabilities import Capabilities
-from easyfit.distributed.strategies.parallel import ParallelStrategy, Placement
+from easyfit.distributed.strategies.parallel import ParallelCall, ParallelStrategy, Placement
 from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
@@ -48,10 +49,16 @@ class HorovodStrategy(ParallelStrategy):
         self.compression, self.start_timeout = compression, start_timeout
 
     # --- placement ------------------------------------------------------------------
-    def read_placement(self) -> Placement:
+    @property
+    def placement(self) -> Placement:
+        """Horovod's job says, once this process joined it (in the call's `setup_environment`): fixed for the
+        process from then on."""
+        return self.read_placement()
+
+    def read_placement(self, local_rank: int = 0) -> Placement:
         """Horovod's answers once this process has joined the job; before, the launcher's, or this process's alone."""
-        hvd = import_horovod()
-        if hvd.is_initialized():
+        hvd = sys.modules.get("horovod.torch")   # not imported: not joined
+        if hvd is not None and hvd.is_initialized():
             return Placement(hvd.size(), hvd.rank(), hvd.local_rank(), hvd.cross_rank())
         environment = self.environment
         if environment.creates_processes_externally:
@@ -76,7 +83,7 @@ class HorovodStrategy(ParallelStrategy):
         return HorovodLauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self) -> None:
+    def setup_environment(self, launcher=None) -> ParallelCall:
         """Join Horovod's job first: the call's placement is then Horovod's."""
         hvd = import_horovod()
         hvd.init()
@@ -84,12 +91,12 @@ class HorovodStrategy(ParallelStrategy):
         if not self.environment.creates_processes_externally and hvd.size() != requested:
             raise RuntimeError(f"this Horovod job has {hvd.size()} processes, but this call asks for {requested}; "
                                "every call in a Horovod job must use the same devices and num_nodes")
-        super().setup_environment()
+        return super().setup_environment(launcher)
 
-    def join_process_group(self) -> None:
+    def join_process_group(self, call: ParallelCall) -> None:
         """No torch process group: whoever started them, the ranks on this machine share its cores."""
         if self.root_device.type == "cpu":
-            self.share_cores(import_horovod().local_size())
+            call.cores.apply(import_horovod().local_size())
 
     def leave_process_group(self) -> None:
         """Horovod's job lasts as long as the process."""
@@ -100,8 +107,8 @@ class HorovodStrategy(ParallelStrategy):
         the backward passes of one step itself."""
         return 1 if settings is None else settings.gradient_accumulation_steps
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> HorovodFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> HorovodFit:
         """Broadcast rank 0's weights and optimizer state, and wrap the optimizer in `hvd.DistributedOptimizer`,
         which shares the user's parameter groups and state (so LR schedules and scaling act on both)."""
         hvd = import_horovod()
@@ -115,7 +122,8 @@ class HorovodStrategy(ParallelStrategy):
                                            backward_passes_per_step=self.backward_passes_per_step(settings),
                                            compression=compression)
         _share_state(optimizer, wrapped)
-        return HorovodFit(strategy=self, net=net, optimizer=wrapped, scheduler=scheduler, user_optimizer=optimizer)
+        return HorovodFit(strategy=self, net=net, optimizer=wrapped, scheduler=scheduler, call=call,
+                          user_optimizer=optimizer)
 
     def end_fit(self, fit: HorovodFit, user_net, user_optimizer) -> None:
         _share_state(fit.optimizer, user_optimizer)

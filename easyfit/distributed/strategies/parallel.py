@@ -1,7 +1,7 @@
 """What every multi-process strategy shares (`ParallelStrategy`): its configuration (devices, nodes, who starts the
-processes and how), the call's placement (the ranks, read from the launch environment once per call and frozen), each
-rank's share of the CPU cores and of the data, and the process group it joins (torch.distributed's here, with its
-collectives; Horovod joins its own job instead)."""
+processes and how, and this rank's placement: the ranks, read from the launch environment once when the call's
+strategy is configured for this process, and frozen), each rank's share of the CPU cores and of the data, and the
+process group it joins (torch.distributed's here, with its collectives; Horovod joins its own job instead)."""
 from __future__ import annotations
 
 import atexit
@@ -92,7 +92,8 @@ class DistributedSamplerWrapper(Sampler):
 @dataclass(frozen=True)
 class Placement:
     """Where one call runs in this process: its ranks, read from the launch environment once, when the call's
-    environment is set up (`ParallelStrategy.setup_environment`), and frozen until the call ends."""
+    strategy is configured for this process (`ParallelStrategy.configure`, or `configure_rank` in a process a
+    launcher started for one rank), and frozen with that configuration."""
 
     world_size: int
     global_rank: int
@@ -102,12 +103,18 @@ class Placement:
 
 @dataclass
 class ParallelCall(CallState):
-    """A call of several processes: its placement, this rank's share of the CPU cores while it runs, and the process
-    groups it made besides the default one (a pipeline's), which end with the call."""
+    """A call of several processes in this process: whether easyfit's launcher started its ranks, this rank's share
+    of the CPU cores while it runs, and the process groups it made besides the default one (a pipeline's), which end
+    with the call."""
 
-    placement: Placement
+    own_launch: bool = False   # easyfit's launcher started the ranks: they share this machine's cores
+    ends_group: bool = False   # processes started for this call alone: the default process group ends with it
     cores: CoreShare = field(default_factory=CoreShare)
     subgroups: list = field(default_factory=list)
+
+    @property
+    def threads_note(self) -> str | None:
+        return self.cores.note
 
 
 #: how a strategy's own launcher starts the other ranks: re-running the script, spawning or forking processes
@@ -117,8 +124,8 @@ START_METHODS = ("popen", "spawn", "fork")
 class ParallelStrategy(Strategy):
     """What every multi-process strategy shares: the devices of each node, the nodes, the launch environment, the
     process-group backend and how the ranks start (`start_method`: "popen" re-runs the script, "spawn" / "fork" start
-    new processes; None: the script is re-run, the strategy offering no other way); the call's frozen placement, each
-    rank's share of the CPU cores and of the data, the process group and the collectives."""
+    new processes; None: the script is re-run, the strategy offering no other way); this rank's frozen placement, its
+    share of the CPU cores and of the data, the process group and the collectives."""
 
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
@@ -129,7 +136,7 @@ class ParallelStrategy(Strategy):
         self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
         self.environment, self.process_group_backend = environment, process_group_backend
         self.timeout, self.start_method = timeout, start_method
-        self._local_rank = 0
+        self.frozen_placement: Placement | None = None   # this rank's, from `configure` / `configure_rank`
         if start_method in ("spawn", "fork"):
             self.capabilities = replace(self.capabilities, starts_processes=True)
 
@@ -143,6 +150,11 @@ class ParallelStrategy(Strategy):
         self.environment = self.environment or environment or LocalEnvironment()
         self.process_group_backend = (self.process_group_backend or process_group_backend
                                       or ("nccl" if self.accelerator == "cuda" else "gloo"))
+        self.frozen_placement = self.read_placement()
+
+    def configure_rank(self, local_rank: int) -> None:
+        """In a process a launcher started for one rank (spawn, fork), before its call: that rank's placement."""
+        self.frozen_placement = self.read_placement(local_rank)
 
     @property
     def num_processes(self) -> int:
@@ -150,21 +162,21 @@ class ParallelStrategy(Strategy):
         return len(self.parallel_devices)
 
     # --- placement ------------------------------------------------------------------
-    def read_placement(self) -> Placement:
-        """The ranks as the launch environment says (a launcher's variables), or as this process's own launch made
-        them (the local rank its launcher gave it); read once per call, by `setup_environment`."""
+    def read_placement(self, local_rank: int = 0) -> Placement:
+        """The ranks as the launch environment says (a launcher's variables), or as this process's own launch makes
+        them (`local_rank`: the one its launcher gave it); read once, when the strategy is configured."""
         environment = self.environment
         node_rank = environment.node_rank()
         if environment.creates_processes_externally:
             return Placement(environment.world_size(), environment.global_rank(), environment.local_rank(), node_rank)
-        return Placement(self.num_nodes * self.num_processes, node_rank * self.num_processes + self._local_rank,
-                         self._local_rank, node_rank)
+        return Placement(self.num_nodes * self.num_processes, node_rank * self.num_processes + local_rank,
+                         local_rank, node_rank)
 
     @property
     def placement(self) -> Placement:
-        """The running call's placement (frozen); before a call's environment is set up, as the environment says now."""
-        call = self.call_state
-        return call.placement if isinstance(call, ParallelCall) else self.read_placement()
+        """This rank's placement, frozen when the strategy was configured (an unconfigured one: as the environment
+        says now)."""
+        return self.frozen_placement or self.read_placement()
 
     @property
     def world_size(self) -> int:
@@ -181,10 +193,6 @@ class ParallelStrategy(Strategy):
     @property
     def node_rank(self) -> int:
         return self.placement.node_rank
-
-    def set_local_rank(self, local_rank: int) -> None:
-        """Called in each process started by a ProcessLauncher, before the call's environment is set up."""
-        self._local_rank = local_rank
 
     @property
     def root_device(self) -> torch.device:
@@ -222,22 +230,23 @@ class ParallelStrategy(Strategy):
         return ScriptLauncher(self) if self.num_processes > 1 else None
 
     # --- life -----------------------------------------------------------------------
-    def new_call_state(self) -> ParallelCall:
-        """The state of a call starting in this process, its placement read now (a backend with more to hold gives
-        its own)."""
-        return ParallelCall(self.read_placement())
+    #: what a call holds in this process (a backend with more to hold gives its own)
+    call_state_type = ParallelCall
 
-    def setup_environment(self) -> None:
-        """Freeze the call's placement, select this process's device and join the process group."""
-        self.call_state = self.new_call_state()
-        super().setup_environment()
-        self.join_process_group()
+    def setup_environment(self, launcher=None) -> ParallelCall:
+        """Select this process's device and join the process group; `launcher`: the call's (a spawn / fork
+        launcher's processes exist for this call alone)."""
+        own = launcher is not None
+        call = self.call_state_type(own_launch=own, ends_group=own and not launcher.rank_zero_in_caller)
+        super().setup_environment(launcher)
+        self.join_process_group(call)
+        return call
 
-    def join_process_group(self) -> None:
+    def join_process_group(self, call: ParallelCall) -> None:
         """Create torch.distributed's default process group of this call's ranks (or check the one that exists),
         each rank of easyfit's own launch on its share of the CPU cores."""
-        if self.root_device.type == "cpu" and self.launcher is not None:   # easyfit's own launch, not torchrun's
-            self.share_cores(self.num_processes)
+        if self.root_device.type == "cpu" and call.own_launch:   # easyfit's own launch, not torchrun's
+            call.cores.apply(self.num_processes)
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
                 raise RuntimeError(f"a process group of {dist.get_world_size()} processes already exists, but this "
@@ -252,12 +261,8 @@ class ParallelStrategy(Strategy):
         with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
             dist.init_process_group(self.process_group_backend, store=store, rank=self.global_rank,
                                     world_size=self.world_size, timeout=self.timeout)
-        if not self._group_ends_with_call():   # kept for later calls: destroyed when the script ends
+        if not call.ends_group:   # kept for later calls: destroyed when the script ends
             atexit.register(destroy_process_group)
-
-    def _group_ends_with_call(self) -> bool:
-        """True in processes a spawn / fork launcher started for this call alone."""
-        return self.launcher is not None and not self.launcher.rank_zero_in_caller
 
     def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
         """Rank 0's buffers into every rank's net (BatchNorm's running statistics, which each rank updated from its
@@ -266,27 +271,17 @@ class ParallelStrategy(Strategy):
         share_rank_zero_buffers(self, user_net)
         super().end_fit(fit, user_net, user_optimizer)
 
-    def share_cores(self, processes: int) -> None:
-        """This rank's share of the CPU cores, one of `processes` on this machine, while the call runs."""
-        self.call_state.cores.apply(processes)
-
-    @property
-    def threads_note(self) -> str | None:
-        return None if self.call_state is None else self.call_state.cores.note
-
-    def teardown(self) -> None:
-        """The call's own process groups end with it, and its share of the cores; then `leave_process_group`."""
-        if self.call_state is not None:
-            self.call_state.cores.restore()
-            destroy_subgroups(self.call_state.subgroups)
-        super().teardown()
-        self.leave_process_group()
+    def teardown(self, call: ParallelCall) -> None:
+        """The call's own process groups end with it, and its share of the cores; in processes started for this call
+        alone, the default group too (`leave_process_group`)."""
+        call.cores.restore()
+        destroy_subgroups(call.subgroups)
+        if call.ends_group:
+            self.leave_process_group()
 
     def leave_process_group(self) -> None:
-        """Processes this strategy started end with the default group too, which a re-launched script keeps for later
-        calls."""
-        if self._group_ends_with_call():
-            destroy_process_group()
+        """End the default process group, which a re-launched script keeps for later calls."""
+        destroy_process_group()
 
     # --- a net its setup wrapped in DistributedDataParallel (DDP's, ZeRO's) ----------------
     def module_for_eval(self, fit: Fit) -> torch.nn.Module:

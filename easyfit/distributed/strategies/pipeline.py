@@ -141,30 +141,23 @@ class PipelineStrategy(ShardingStrategy):
         """An nn.Sequential with at least one layer per stage, and a balance that places each layer once."""
         resolve_balance(self.balance, layers_of(net), self.layout.num_stages)
 
-    def new_call_state(self) -> PipelineCall:
-        return PipelineCall(self.read_placement())
+    call_state_type = PipelineCall
 
-    def setup_environment(self) -> None:
+    def setup_environment(self, launcher=None) -> PipelineCall:
         own_group = self.world_size == 1 and not dist.is_initialized()
-        super().setup_environment()
+        call = super().setup_environment(launcher)
         # every rank creates every group, in the same order
         size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
         pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]
         replica_groups = [dist.new_group([r * size + s for r in range(replicas)]) for s in range(size)]
-        call = self.call_state
         call.groups, call.own_group = (pipelines[self.layout.replica], replica_groups[self.layout.pp_rank]), own_group
         call.subgroups += [*pipelines, *replica_groups]
+        return call
 
-    @property
-    def _groups(self) -> tuple:
-        """This rank's (pipeline, replica) process groups in the running call."""
-        return self.call_state.groups
-
-    def teardown(self) -> None:
+    def teardown(self, call: PipelineCall) -> None:
         """A pipeline of one process (a debugging run) ends the process group it opened with the call."""
-        own_group = self.call_state is not None and self.call_state.own_group
-        super().teardown()
-        if own_group:
+        super().teardown(call)
+        if call.own_group:
             destroy_process_group()
 
     # --- precision ------------------------------------------------------------------
@@ -174,24 +167,25 @@ class PipelineStrategy(ShardingStrategy):
                              "the loss and would skip a step on some stages only. Use precision='bf16-mixed'.")
 
     # --- the net --------------------------------------------------------------------
-    def _split(self, net: nn.Module) -> PipelinedNet:
-        """This rank's stages of `net` (its own layers, moved to this rank's device), ready to run."""
+    def _split(self, net: nn.Module, call: PipelineCall) -> PipelinedNet:
+        """This rank's stages of `net` (its own layers, moved to this rank's device), ready to run in `call`."""
         layers = layers_of(net)
         layout = self.layout
         balance = resolve_balance(self.balance, layers, layout.num_stages)
         mine = [stage_layers(layers, balance, index).to(self.root_device) for index in layout.local_stages]
         microbatches = self.microbatches or max(4, layout.pipeline_size)
-        return PipelinedNet(mine, layout, self._groups[0], self.root_device, self.schedule, microbatches,
+        return PipelinedNet(mine, layout, call.groups[0], self.root_device, self.schedule, microbatches,
                             self.checkpoint)
 
-    def setup(self, net: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> PipelineFit:
-        pipelined = self._split(net)
+    def setup(self, net: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> PipelineFit:
+        pipelined = self._split(net, call)
         own = {id(p) for p in pipelined.parameters()}
         indices = {id(p): index for index, p in enumerate(optimizer_params(optimizer))}
         rebuilt = self.rebuilt_optimizer(optimizer)
         for group in rebuilt.param_groups:   # this stage's parameters only
             group["params"] = [p for p in group["params"] if id(p) in own]
-        fit = PipelineFit(strategy=self, net=pipelined, optimizer=rebuilt, scheduler=scheduler,
+        fit = PipelineFit(strategy=self, net=pipelined, optimizer=rebuilt, scheduler=scheduler, call=call,
                           global_index=[indices[id(p)] for p in optimizer_params(rebuilt)],
                           user_groups=optimizer.state_dict()["param_groups"], keys=list(net.state_dict()),
                           trained=[p for p in pipelined.parameters() if p.requires_grad])
@@ -207,9 +201,9 @@ class PipelineStrategy(ShardingStrategy):
         net = fit.net
         if isinstance(net, PipelinedNet):
             return net
-        eval_nets = self.call_state.eval_nets
+        eval_nets = fit.call.eval_nets
         if id(net) not in eval_nets:
-            eval_nets[id(net)] = self._split(net)
+            eval_nets[id(net)] = self._split(net, fit.call)
         return eval_nets[id(net)]
 
     # --- where outputs live ---------------------------------------------------------
@@ -217,8 +211,8 @@ class PipelineStrategy(ShardingStrategy):
         with precision.autocast():
             output, target, loss = fit.net.train_batch(inputs, target, step_fn, divisor)
         if fit.synchronise and self.batch_factor > 1:   # over the replicas of this rank's stage
-            average_gradients(fit.trained, self.batch_factor, self._groups[1])
-        return output, target, self._share_loss(loss)
+            average_gradients(fit.trained, self.batch_factor, fit.call.groups[1])
+        return output, target, self._share_loss(loss, fit.net.group)
 
     def evaluation_step(self, net, inputs, target, step_fn, precision: Precision):
         """The pipelined forward; the loss (when there is a target: not in predict) on the last stage, shared."""
@@ -228,14 +222,15 @@ class PipelineStrategy(ShardingStrategy):
                 return output, None, None
             if output is not None:
                 _, target, loss = step_fn(IDENTITY, output, target)
-        return output, target, self._share_loss(loss)
+        return output, target, self._share_loss(loss, net.group)
 
-    def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
-        """The last stage's loss on every rank of its pipeline (so every rank logs and tracks the same loss)."""
+    def _share_loss(self, loss: torch.Tensor | None, pipeline) -> torch.Tensor:
+        """The last stage's loss on every rank of its pipeline (the process group `pipeline`), so every rank logs
+        and tracks the same loss."""
         value = torch.zeros((), dtype=torch.float64, device=self.root_device) if loss is None \
             else loss.detach().double()
         if self.pipeline_size > 1:
-            dist.broadcast(value, src=self.layout.last_rank, group=self._groups[0])
+            dist.broadcast(value, src=self.layout.last_rank, group=pipeline)
         return value
 
     def gather_outputs(self, local: torch.Tensor) -> torch.Tensor:
@@ -262,7 +257,7 @@ class PipelineStrategy(ShardingStrategy):
         if grads:
             squares = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) ** 2
         if self.pipeline_size > 1:
-            dist.all_reduce(squares, group=self._groups[0])
+            dist.all_reduce(squares, group=fit.call.groups[0])
         scale = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
@@ -272,7 +267,7 @@ class PipelineStrategy(ShardingStrategy):
         if not isinstance(fit, PipelineFit):
             return super().module_state(fit)
         own = {key: value.detach().cpu() for layers in fit.net.layers() for key, value in layers.state_dict().items()}
-        return merge_states(self._gather_pipeline(own), fit.keys)
+        return merge_states(self._gather_pipeline(own, fit.call), fit.keys)
 
     def load_module_state(self, fit, state: dict) -> None:
         if not isinstance(fit, PipelineFit):
@@ -284,19 +279,19 @@ class PipelineStrategy(ShardingStrategy):
         if not isinstance(fit, PipelineFit):
             return super().optimizer_state(fit)
         own = stage_optimizer_state(fit.optimizer.state_dict(), fit.global_index)
-        return full_optimizer_state(self._gather_pipeline(own), fit.user_groups)
+        return full_optimizer_state(self._gather_pipeline(own, fit.call), fit.user_groups)
 
     def load_optimizer_state(self, fit, state: dict) -> None:
         if not isinstance(fit, PipelineFit):
             return super().load_optimizer_state(fit, state)
         fit.optimizer.load_state_dict(stage_part(state, fit.global_index))
 
-    def _gather_pipeline(self, obj) -> list:
-        """`obj` from every stage of this rank's pipeline."""
+    def _gather_pipeline(self, obj, call: PipelineCall) -> list:
+        """`obj` from every stage of this rank's pipeline in `call`."""
         if self.pipeline_size == 1:
             return [obj]
         gathered = [None] * self.pipeline_size
-        dist.all_gather_object(gathered, obj, group=self._groups[0])
+        dist.all_gather_object(gathered, obj, group=call.groups[0])
         return gathered
 
     # --- data: one share per replica ------------------------------------------------

@@ -11,6 +11,7 @@ them. torch_xla is imported only when this strategy is built, after `require_tor
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import os
 from collections import defaultdict
@@ -64,10 +65,9 @@ def on_xla_cpu() -> bool:
 
 @dataclass
 class XLACall(CallState):
-    """An XLA call in the process that holds the device (from `setup_environment`): the device, and evaluate's or
-    predict's (net, its copy on the device)."""
+    """An XLA call in the process that holds the device (from `setup_environment`): evaluate's or predict's (net, its
+    copy on the device)."""
 
-    device: torch.device
     eval_copy: tuple[torch.nn.Module, torch.nn.Module] | None = None
 
 
@@ -89,6 +89,7 @@ class XLAStrategy(Strategy):
     def __init__(self):
         require_torch_xla()
         self.all_devices = False   # launch one process per device of this host (set by configure)
+        self.holds_device = False   # this process holds an XLA device (set by configure, or `configure_rank`)
         self.device_count: int | None = None   # the number of devices the call asked for (None: every one)
 
     def configure(self, accelerator: str = "tpu", parallel_devices: list[torch.device] | None = None,
@@ -98,6 +99,7 @@ class XLAStrategy(Strategy):
         devices = parallel_devices or [torch.device("xla", 0)]
         self.all_devices = len(devices) > 1 or devices[0].index is None
         self.device_count = None if devices[0].index is None else len(devices)
+        self.holds_device = not self.all_devices   # else each replica holds one (`configure_rank`)
         self.capabilities = replace(self.capabilities, starts_processes=self.all_devices)
 
     # --- what the connector checks ------------------------------------------------------
@@ -120,27 +122,27 @@ class XLAStrategy(Strategy):
         return None
 
     # --- identity -------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        """This process holds its XLA device: a call runs here (`setup_environment` ran)."""
-        return self.call_state is not None
+    def configure_rank(self, local_rank: int) -> None:
+        """In a replica torch_xla.launch started, before its call: this process holds its device."""
+        self.holds_device = True
 
     @property
     def root_device(self) -> torch.device:
-        """The XLA device while a call runs here; the CPU before."""
-        return self.call_state.device if self.running else CPU
+        """This process's XLA device where it holds one (one device, or a replica of several); else (the caller of
+        the replicas) the CPU: asking for the device there would start the XLA runtime in it."""
+        return xla_device() if self.holds_device else CPU
 
     @property
     def world_size(self) -> int:
-        return self._runtime().world_size() if self.running else 1
+        return self._runtime().world_size() if self.holds_device else 1
 
     @property
     def global_rank(self) -> int:
-        return self._runtime().global_ordinal() if self.running else 0
+        return self._runtime().global_ordinal() if self.holds_device else 0
 
     @property
     def local_rank(self) -> int:
-        return self._runtime().local_ordinal() if self.running else 0
+        return self._runtime().local_ordinal() if self.holds_device else 0
 
     @staticmethod
     def _runtime():
@@ -154,14 +156,13 @@ class XLAStrategy(Strategy):
         return XLALauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self) -> None:
-        import torch_xla
-        self.call_state = XLACall(torch_xla.device())
+    def setup_environment(self, launcher=None) -> XLACall:
         local = self._runtime().local_device_count() if self.all_devices else 1
         if self.device_count not in (None, local):
             raise ValueError(f"devices={self.device_count}, but torch_xla runs one process per device of this host, "
                              f"which has {local}. Pass devices='auto' (or 1), or limit the devices torch_xla sees "
                              "(TPU_VISIBLE_CHIPS, see docs/tpu.md).")
+        return XLACall()
 
     def check_precision(self, precision: str) -> None:
         if precision == "16-mixed":
@@ -169,9 +170,10 @@ class XLAStrategy(Strategy):
                              "TPUs compute in bfloat16. Use precision='bf16-mixed' (autocast to bfloat16, no loss "
                              "scaling) or '32'.")
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None) -> XLAFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> XLAFit:
         move(net, optimizer, self.root_device)
-        return XLAFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler)
+        return XLAFit(strategy=self, net=net, optimizer=optimizer, scheduler=scheduler, call=call)
 
     def module_for_eval(self, fit: Fit) -> torch.nn.Module:
         """The net itself when it is on the device (validation in fit); else a copy there, made once per call, so
@@ -179,7 +181,7 @@ class XLAStrategy(Strategy):
         net = fit.net
         if all(tensor.device == self.root_device for tensor in _tensors(net)):
             return net
-        call = self.call_state
+        call = fit.call
         if call.eval_copy is None or call.eval_copy[0] is not net:
             call.eval_copy = (net, copy.deepcopy(net).to(self.root_device))
         return call.eval_copy[1]
@@ -221,13 +223,13 @@ class XLAStrategy(Strategy):
     def device_rng_state(self) -> dict:
         """The XLA device's random seed, while this process holds the device (not in a caller whose ranks
         torch_xla.launch started: asking there would start the XLA runtime in it)."""
-        if not self.running:
+        if not self.holds_device:
             return {}
         import torch_xla.core.xla_model as xm
         return {XLA_RNG_KEY: int(xm.get_rng_state(self.root_device))}
 
     def load_device_rng_state(self, state: dict) -> None:
-        if state.get(XLA_RNG_KEY) is not None and self.running:
+        if state.get(XLA_RNG_KEY) is not None and self.holds_device:
             import torch_xla.core.xla_model as xm
             xm.set_rng_state(int(state[XLA_RNG_KEY]), self.root_device)
 
@@ -259,6 +261,13 @@ class XLAStrategy(Strategy):
     def __repr__(self) -> str:
         devices = "every device of this host" if self.all_devices else "1 device"
         return f"XLAStrategy({devices}, device={self.root_device})"
+
+
+@functools.cache
+def xla_device() -> torch.device:
+    """This process's XLA device (the same for its lifetime)."""
+    import torch_xla
+    return torch_xla.device()
 
 
 def move(net: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:

@@ -32,13 +32,13 @@ class ZeroStrategy(ShardingStrategy):
         super().__init__(**options)
         self.wrapping = DDPWrapping(find_unused_parameters, sync_batchnorm, gradient_as_bucket_view)
 
-    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-              settings=None) -> ZeroFit:
+    def setup(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, settings=None,
+              call=None) -> ZeroFit:
         net = self.wrapping.prepare(net).to(self.root_device)
         align_state(optimizer)
         wrapped = self.wrapping.wrap(net, self.root_device)
         sharded = self.rebuilt_optimizer(optimizer, sharding=ZeroRedundancyOptimizer)
-        fit = ZeroFit(strategy=self, net=wrapped, optimizer=sharded, scheduler=scheduler)
+        fit = ZeroFit(strategy=self, net=wrapped, optimizer=sharded, scheduler=scheduler, call=call)
         return self.take_over_optimizer(fit, optimizer)
 
     def backward(self, fit, loss: torch.Tensor, precision) -> None:

@@ -1,12 +1,14 @@
 """Two rounds of one short fit per strategy on 2 ranks, one after the other in one launch, each fit recording what
-it left on its configured strategy object: the attributes added, removed or changed between the call's start on the
-rank (before `setup_environment`) and the end of its `teardown`, and the sockets it left open (a first fit may open
-what the process keeps, the process group of the launch among them; a second fit only what it failed to close).
+it did to its configured strategy object: every attribute assigned or deleted on it from the call's start on the rank
+(before `setup_environment`) to the end of its `teardown`, the attributes added, removed or changed between the two,
+the attributes assigned on the user's Model meanwhile, and the sockets it left open (a first fit may open what the
+process keeps, the process group of the launch among them; a second fit only what it failed to close).
 
 Usage: python strategy_state.py OUT_DIR STRATEGY [STRATEGY ...]
-Each rank writes OUT_DIR/<rank>.pt: {strategy: [per fit {"added": [...], "removed": [...], "changed": [...],
-"sockets": n}]}.
+Each rank writes OUT_DIR/<rank>.pt: {strategy: [per fit {"assigned": [...], "added": [...], "removed": [...],
+"changed": [...], "model": [...], "sockets": n}]}.
 """
+import contextlib
 import gc
 import os
 import sys
@@ -46,21 +48,50 @@ def open_sockets() -> int | None:
     return sum(link.startswith("socket:") for link in links)
 
 
+@contextlib.contextmanager
+def assignments(watched):
+    """The names of the attributes set or deleted on the object `watched` while the context runs, in order (its
+    class's attribute hooks wrap the ones it had, and are put back)."""
+    names, cls = [], type(watched)
+    own = {hook: vars(cls)[hook] for hook in ("__setattr__", "__delattr__") if hook in vars(cls)}
+    setter, deleter = cls.__setattr__, cls.__delattr__
+
+    def set_attribute(self, name, value):
+        if self is watched:
+            names.append(name)
+        setter(self, name, value)
+
+    def delete_attribute(self, name):
+        if self is watched:
+            names.append(name)
+        deleter(self, name)
+    cls.__setattr__, cls.__delattr__ = set_attribute, delete_attribute
+    try:
+        yield names
+    finally:
+        for hook in ("__setattr__", "__delattr__"):
+            if hook in own:
+                setattr(cls, hook, own[hook])
+            else:
+                delattr(cls, hook)
+
+
 def recording(call_on_rank, found: dict):
     """`call_on_rank` that records each fit's traces, in found[strategy name] (a list, a record per fit): what it
-    left on the strategy (`left_behind`) and the sockets it left open once garbage is collected ("sockets": a
-    number; None where they cannot be counted)."""
+    assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
+    open once garbage is collected ("sockets": a number; None where they cannot be counted)."""
     def call(plan, model, **inputs):
         before, sockets = dict(vars(plan.strategy)), open_sockets()
-        try:
-            return call_on_rank(plan, model, **inputs)
-        finally:
-            if plan.kind.trains:
-                gc.collect()
-                after = open_sockets()
-                found.setdefault(plan.strategy.name, []).append(
-                    {**left_behind(before, dict(vars(plan.strategy))),
-                     "sockets": None if after is None else after - sockets})
+        with assignments(plan.strategy) as assigned, assignments(model) as on_model:
+            try:
+                return call_on_rank(plan, model, **inputs)
+            finally:
+                if plan.kind.trains:
+                    gc.collect()
+                    after = open_sockets()
+                    found.setdefault(plan.strategy.name, []).append(
+                        {"assigned": sorted(set(assigned)), **left_behind(before, dict(vars(plan.strategy))),
+                         "model": sorted(set(on_model)), "sockets": None if after is None else after - sockets})
     return call
 
 
