@@ -26,22 +26,20 @@ pytestmark = pytest.mark.timeout(300)
 #: nothing assigned, nothing left, no sockets left open (where this system lets them be counted: /proc)
 NOTHING_LEFT = {"assigned": [], "added": [], "removed": [], "changed": [],
                 "sockets": None if STATE.open_sockets() is None else 0}
-#: what a call may assign on the user's Model: the running call's one object and what the call leaves the next
-#: (`_last_call`), and the documented results: the History, the epochs completed and the position in the epoch (both
-#: in its checkpoints), the example `export` traces with, and Keras' `stop_training` (kept in the running call)
-MODEL_RESULTS = {"running", "_last_call", "history", "completed_epochs", "position", "_input_example", "stop_training"}
 TWO_RANKS = ["ddp", "fsdp", "tp", "zero", "pipeline",
-             *(["deepspeed"] if importlib.util.find_spec("deepspeed") is not None else []),
+             *(["deepspeed", "deepspeed_stage_3"] if importlib.util.find_spec("deepspeed") is not None else []),
              *(["ddp_sharded"] if importlib.util.find_spec("fairscale") is not None else [])]
 
 
-def check_two_fits(fits: list[dict], where) -> None:
+def check_two_fits(fits: list[dict], where, processes_of_their_own: bool = False) -> None:
     """What two fits of one strategy (`where`: which, for the message) may do: nothing on the strategy, on the Model
-    only `MODEL_RESULTS`; sockets the first only (what the process keeps, as the process group of the launch)."""
+    only the script's `MODEL_RESULTS`; sockets the first only (what the process keeps, as the launch's process
+    group), or each where each fit ran in processes of its own (started for it, they end with it)."""
     assert len(fits) == 2, where
-    assert all(set(fit["model"]) <= MODEL_RESULTS for fit in fits), (where, [fit["model"] for fit in fits])
+    assert all(set(fit["model"]) <= STATE.MODEL_RESULTS for fit in fits), (where, [fit["model"] for fit in fits])
+    kept = [fit["sockets"] for fit in fits] if processes_of_their_own else [fits[0]["sockets"], NOTHING_LEFT["sockets"]]
     assert [{key: value for key, value in fit.items() if key != "model"} for fit in fits] == \
-        [{**NOTHING_LEFT, "sockets": fits[0]["sockets"]}, NOTHING_LEFT], (where, fits)
+        [{**NOTHING_LEFT, "sockets": sockets} for sockets in kept], (where, fits)
 
 
 def test_a_fit_in_one_process_leaves_its_strategy_as_it_found_it(monkeypatch):
@@ -58,6 +56,21 @@ def test_a_fit_in_one_process_leaves_its_strategy_as_it_found_it(monkeypatch):
     for strategy, fits in found.items():
         check_two_fits(fits, strategy)
     assert list(found) == ["single", "ddp", "ddp2"]
+
+
+def test_a_spawned_fit_leaves_its_strategy_as_it_found_it(monkeypatch, tmp_path):
+    """ddp_spawn: each rank a process the launcher started and configured (`configure_rank`) for the call."""
+    monkeypatch.setenv(STATE.RECORDS_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(easyfit.model, "call_on_rank", STATE.recorded_call_on_rank)
+    x, y = make_data()
+    for _ in range(2):
+        model = easyfit.Model(make_net(), "cross_entropy", "adam")
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, devices=2, accelerator="cpu", strategy="ddp_spawn")
+    files = sorted(tmp_path.glob("*.pt"), key=os.path.getmtime)
+    for rank in (0, 1):
+        fits = [fit for path in files if path.name.startswith(f"{rank}-")
+                for fit in torch.load(path, weights_only=False)["ddp_spawn"]]
+        check_two_fits(fits, ("ddp_spawn", rank), processes_of_their_own=True)
 
 
 def test_a_fit_on_two_ranks_leaves_its_strategy_as_it_found_it(tmp_path):

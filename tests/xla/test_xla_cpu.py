@@ -177,3 +177,23 @@ def test_every_device_is_started_by_torch_xla_launch_and_rank_zero_state_comes_b
     # the second fit's process raised: the caller gets its error and traceback
     assert process.returncode != 0 and "RankFailedError: rank 0 failed" in process.stderr
     assert "this net's forward fails in the launched process" in process.stderr
+
+
+def test_an_xla_fit_assigns_nothing_on_its_strategy_and_only_results_on_the_model(monkeypatch):
+    """The XLA leg of tests/distributed/test_strategy_state.py: two fits record every attribute assigned on the
+    configured strategy object (none) and on the Model (the running call's object and the documented results)."""
+    import importlib.util
+
+    import easyfit.model
+    spec = importlib.util.spec_from_file_location(
+        "strategy_state", Path(__file__).parents[1] / "distributed" / "scripts" / "strategy_state.py")
+    state = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "distributed" / "scripts"))
+    spec.loader.exec_module(state)
+    found: dict = {}
+    monkeypatch.setattr(easyfit.model, "call_on_rank", state.recording(easyfit.model.call_on_rank, found))
+    for _ in range(2):
+        xla_fit("SGD", epochs=1)
+    fits = found["xla"]
+    assert [(fit["assigned"], fit["added"], fit["removed"], fit["changed"]) for fit in fits] == [([], [], [], [])] * 2
+    assert all(set(fit["model"]) <= state.MODEL_RESULTS for fit in fits), fits

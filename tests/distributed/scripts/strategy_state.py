@@ -22,6 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import make_data, make_net, make_pipeline_net
 
 NETS = {"pipeline": make_pipeline_net}
+#: what a call may assign on the user's Model: the running call's one object and what the call leaves the next
+#: (`_last_call`), and the documented results: the History, the epochs completed and the position in the epoch (both
+#: in its checkpoints), the example `export` traces with, and Keras' `stop_training` (kept in the running call)
+MODEL_RESULTS = {"running", "_last_call", "history", "completed_epochs", "position", "_input_example", "stop_training"}
 
 
 def left_behind(before: dict, after: dict) -> dict:
@@ -76,8 +80,8 @@ def assignments(watched):
                 delattr(cls, hook)
 
 
-def recording(call_on_rank, found: dict):
-    """`call_on_rank` that records each fit's traces, in found[strategy name] (a list, a record per fit): what it
+def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
+    """`call_on_rank` that records each fit's traces, in found[key(plan)] (a list, a record per fit): what it
     assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
     open once garbage is collected ("sockets": a number; None where they cannot be counted)."""
     def call(plan, model, **inputs):
@@ -89,19 +93,36 @@ def recording(call_on_rank, found: dict):
                 if plan.kind.trains:
                     gc.collect()
                     after = open_sockets()
-                    found.setdefault(plan.strategy.name, []).append(
+                    found.setdefault(key(plan), []).append(
                         {"assigned": sorted(set(assigned)), **left_behind(before, dict(vars(plan.strategy))),
                          "model": sorted(set(on_model)), "sockets": None if after is None else after - sockets})
     return call
+
+
+#: the folder `recorded_call_on_rank` writes each rank's records to (set by the test)
+RECORDS_VARIABLE = "EASYFIT_TEST_STRATEGY_RECORDS"
+
+
+def recorded_call_on_rank(plan, model, **inputs):
+    """`call_on_rank` recording its fit (`recording`), each rank's record written to a file of its own in the folder
+    RECORDS_VARIABLE names: a function of a module, so a spawn launcher can hand it to the ranks it starts."""
+    from easyfit.training.on_rank import call_on_rank
+    found: dict = {}
+    try:
+        return recording(call_on_rank, found)(plan, model, **inputs)
+    finally:
+        torch.save(found, os.path.join(os.environ[RECORDS_VARIABLE], f"{plan.strategy.global_rank}-{os.getpid()}.pt"))
 
 
 def main() -> None:
     out, strategies = sys.argv[1], sys.argv[2:]
     torch.set_num_threads(1)
     found: dict = {}
-    easyfit.model.call_on_rank = recording(easyfit.model.call_on_rank, found)
+    asked = []   # the name each fit asked for (deepspeed_stage_3's strategy is named "deepspeed")
+    easyfit.model.call_on_rank = recording(easyfit.model.call_on_rank, found, key=lambda plan: asked[-1])
     x, y = make_data()
     for strategy in strategies * 2:
+        asked.append(strategy)
         model = easyfit.Model(NETS.get(strategy, make_net)(), "cross_entropy", "adam")
         model.fit(x, y, batch_size=32, epochs=1, verbose=0, devices=2, accelerator="cpu", strategy=strategy,
                   validation_split=0.25)
