@@ -35,12 +35,12 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
     plan's strategy and the call's `RunningCall` on the Model (dropped at the end, the outer call's put back); (its
     result, the state rank 0 hands back to a caller in another process, or None)."""
     strategy, kind, outer = plan.strategy, plan.kind, model.running
-    call_state = strategy.setup_environment(plan.launcher)
+    call_state = strategy.setup_environment(plan.launched)
     # a rank-local call (strategy="single" among ranks) keeps the rank's identity
     identity = (strategy.global_rank, strategy.world_size) if strategy.world_size > 1 else None
     model.running = call = RunningCall(strategy, strategy.precision_plugin(model.precision, plan.precision),
                                        identity or (outer or model._last_call).identity, call_state,
-                                       launched=plan.launcher is not None)
+                                       launched=plan.launched.by_easyfit)
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
     say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:

@@ -10,7 +10,7 @@ from easyfit.data.weights import validation_weight
 from easyfit.distributed.connector import connect, strategy_name
 from easyfit.distributed.fault_tolerance import max_restarts_for
 from easyfit.distributed.launcher_choice import check_ray_call, ray_options
-from easyfit.distributed.launchers.base import Launcher
+from easyfit.distributed.launchers.base import Launched, Launcher
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
@@ -76,6 +76,8 @@ class Plan:
     compiling: dict | None
     #: the call's options, checked and completed (`kind.check`)
     options: Any = None
+    #: how the call's ranks come to exist, as each rank sees it (kept in a copy sent to a rank, and by a Ray worker)
+    launched: Launched = Launched()
 
     def __getstate__(self) -> dict:
         """A copy sent to a spawned rank leaves the caller's launcher behind."""
@@ -111,11 +113,12 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
                                options.max_restarts if kind.trains else 0, worker_plan)
         return Plan(kind, run, strategy, launcher, precision, True, compiling, options)
     launcher = strategy.make_launcher()
+    launched = Launched.by(launcher)
     if kind.trains:
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)
     elsewhere = launcher is not None and not launcher.rank_zero_in_caller
-    return Plan(kind, run, strategy, launcher, precision, elsewhere, compiling, options)
+    return Plan(kind, run, strategy, launcher, precision, elsewhere, compiling, options, launched)
 
 
 def worker_plan(plan: Plan, model, options: Any) -> Plan:

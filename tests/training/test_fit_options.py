@@ -75,7 +75,7 @@ for call, arguments in ((Model.fit, {}), (Model.find_lr, {"num_steps": 2}), (Mod
     else:
         raise AssertionError(f"{call.__name__} did not check fake_fit_option")
 
-settings, keys = [], []
+seen, keys = [], []
 configure = compiling.CompiledSteps._cached
 
 class Keyed(BaseException):   # raised once the programs' key is made: nothing needs compiling to read it
@@ -90,9 +90,9 @@ def cached(self, key, build):
 compiling.CompiledSteps._cached = cached
 from easyfit.distributed.strategies.base import Strategy
 setup = Strategy.setup
-def recording_setup(self, net, optimizer, scheduler=None, given=None):
-    settings.append(given)
-    return setup(self, net, optimizer, scheduler, given)
+def recording_setup(self, net, optimizer, scheduler=None, settings=None, call=None):
+    seen.append(settings)
+    return setup(self, net, optimizer, scheduler, settings, call)
 
 Strategy.setup = recording_setup
 model = Model(torch.nn.Linear(2, 2), optimizer="sgd")
@@ -102,10 +102,10 @@ try:
         model.fit(x, y, batch_size=4, verbose=0, devices=1, compile=True, fake_fit_option=8)
 except Keyed:
     pass
-assert settings[-1].fake_fit_option == 8, settings
-assert settings[-1].step_key() == (("gradient_clip_val", None), ("fake_fit_option", 8))
+assert seen[-1].fake_fit_option == 8, seen
+assert seen[-1].step_key() == (("gradient_clip_val", None), ("fake_fit_option", 8))
 programs = [key for key in keys if key[0] == "programs"]
-assert programs and programs[-1][-1] == settings[-1].step_key(), keys
+assert programs and programs[-1][-1] == seen[-1].step_key(), keys
 print("found everywhere")
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -20,6 +21,22 @@ def variables_set(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@dataclass(frozen=True)
+class Launched:
+    """How a call's ranks came to exist, as each rank sees it (the call's plan says, and a rank it starts is handed
+    it): by a launcher of easyfit's (`by_easyfit`; then they share this machine's cores, and easyfit restarts them),
+    and whether that launcher started processes for this call alone (`for_this_call`: their default process group
+    ends with the call)."""
+
+    by_easyfit: bool = False
+    for_this_call: bool = False
+
+    @classmethod
+    def by(cls, launcher: Launcher | None) -> Launched:
+        """How `launcher` (None: none of easyfit's) starts a call's ranks."""
+        return cls(launcher is not None, launcher is not None and not launcher.rank_zero_in_caller)
 
 
 class Launcher:

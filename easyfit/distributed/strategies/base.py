@@ -15,7 +15,7 @@ import contextlib
 import inspect
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.utils.data import Sampler
@@ -28,6 +28,9 @@ from easyfit.distributed.strategies.states import CallState, Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 #: the methods that take the fit they act on first (the earlier contract's took the net, optimizer, loss or path)
 TAKE_THE_FIT = ("training_step", "backward", "optimizer_step", "zero_grad", "no_sync", "uneven_inputs",
@@ -190,9 +193,9 @@ class Strategy:
         """In a process a launcher started for one rank (spawn, fork, a TPU replica), before its call: that rank's
         configuration (nothing here)."""
 
-    def setup_environment(self, launcher=None) -> CallState:
-        """Create the process group (if any) and select this process's device; `launcher`: the call's (None: no
-        launcher of easyfit's started this rank). Returns what the call holds in this process until `teardown`."""
+    def setup_environment(self, launched: Launched | None = None) -> CallState:
+        """Create the process group (if any) and select this process's device; `launched`: how the call's ranks came
+        to exist (None: not by easyfit's launcher). Returns what the call holds in this process until `teardown`."""
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         return CallState()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from easyfit.saving.backend_folders import check_deepspeed_folder
 from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION, as_data
 from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 from easyfit.utils.tensors import map_tensors
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 
 def deepspeed_for_training(strategy: str):
@@ -163,8 +167,8 @@ class DeepSpeedStrategy(ShardingStrategy):
         deepspeed = require("deepspeed", "deepspeed", self.name)
         return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
 
-    def setup_environment(self, launcher=None):
-        call = super().setup_environment(launcher)
+    def setup_environment(self, launched: Launched | None = None):
+        call = super().setup_environment(launched)
         # DeepSpeed reads the ranks from the variables its own launcher and torchrun set; easyfit's rank 0 has none
         for variable, value in (("LOCAL_RANK", self.local_rank), ("RANK", self.global_rank),
                                 ("WORLD_SIZE", self.world_size)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from easyfit.distributed.strategies.states import Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 
 @dataclass(kw_only=True)
@@ -83,7 +87,7 @@ class HorovodStrategy(ParallelStrategy):
         return HorovodLauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self, launcher=None) -> ParallelCall:
+    def setup_environment(self, launched: Launched | None = None) -> ParallelCall:
         """Join Horovod's job first: the call's placement is then Horovod's."""
         hvd = import_horovod()
         hvd.init()
@@ -91,7 +95,7 @@ class HorovodStrategy(ParallelStrategy):
         if not self.environment.creates_processes_externally and hvd.size() != requested:
             raise RuntimeError(f"this Horovod job has {hvd.size()} processes, but this call asks for {requested}; "
                                "every call in a Horovod job must use the same devices and num_nodes")
-        return super().setup_environment(launcher)
+        return super().setup_environment(launched)
 
     def join_process_group(self, call: ParallelCall) -> None:
         """No torch process group: whoever started them, the ranks on this machine share its cores."""

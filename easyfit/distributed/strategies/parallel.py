@@ -12,6 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,9 @@ from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironmen
 from easyfit.distributed.strategies.base import CallState, Strategy
 from easyfit.distributed.strategies.states import Fit
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why
@@ -233,12 +237,12 @@ class ParallelStrategy(Strategy):
     #: what a call holds in this process (a backend with more to hold gives its own)
     call_state_type = ParallelCall
 
-    def setup_environment(self, launcher=None) -> ParallelCall:
-        """Select this process's device and join the process group; `launcher`: the call's (a spawn / fork
-        launcher's processes exist for this call alone)."""
-        own = launcher is not None
-        call = self.call_state_type(own_launch=own, ends_group=own and not launcher.rank_zero_in_caller)
-        super().setup_environment(launcher)
+    def setup_environment(self, launched: Launched | None = None) -> ParallelCall:
+        """Select this process's device and join the process group; `launched`: how the call's ranks came to exist
+        (a spawn / fork launcher's processes exist for this call alone)."""
+        call = self.call_state_type(own_launch=bool(launched and launched.by_easyfit),
+                                    ends_group=bool(launched and launched.for_this_call))
+        super().setup_environment(launched)
         self.join_process_group(call)
         return call
 

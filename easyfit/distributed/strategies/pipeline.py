@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,9 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
 )
 from easyfit.distributed.strategy_parts.sharding import optimizer_params
 from easyfit.parts.precision import Precision
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 
 @dataclass
@@ -143,9 +147,9 @@ class PipelineStrategy(ShardingStrategy):
 
     call_state_type = PipelineCall
 
-    def setup_environment(self, launcher=None) -> PipelineCall:
+    def setup_environment(self, launched: Launched | None = None) -> PipelineCall:
         own_group = self.world_size == 1 and not dist.is_initialized()
-        call = super().setup_environment(launcher)
+        call = super().setup_environment(launched)
         # every rank creates every group, in the same order
         size, replicas = self.pipeline_size, self.world_size // self.pipeline_size
         pipelines = [dist.new_group([r * size + s for s in range(size)]) for r in range(replicas)]

@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
 from easyfit.utils.tensors import map_tensors
+
+if TYPE_CHECKING:
+    from easyfit.distributed.launchers.base import Launched
 
 #: the torch_xla release `pip install easyfit[xla]` installs; it pins torch to the same version
 TORCH_XLA_VERSION = "2.9.0"
@@ -156,7 +160,7 @@ class XLAStrategy(Strategy):
         return XLALauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self, launcher=None) -> XLACall:
+    def setup_environment(self, launched: Launched | None = None) -> XLACall:
         local = self._runtime().local_device_count() if self.all_devices else 1
         if self.device_count not in (None, local):
             raise ValueError(f"devices={self.device_count}, but torch_xla runs one process per device of this host, "

@@ -74,8 +74,9 @@ def join_ranks(strategy) -> None:
                 "of the script (then use that strategy), or run the script under torchrun / SLURM / deepspeed")
         from easyfit.distributed.calls import configure_for_call, read_call
         configure_for_call(strategy, read_call())
+    from easyfit.distributed.launchers.base import Launched
     launcher = strategy.make_launcher()
     if launcher is None:
         strategy.setup_environment()
     else:   # the launcher's handshake: a rank that failed before getting here is reported, not waited for
-        launcher.start(strategy.setup_environment, launcher)
+        launcher.start(strategy.setup_environment, Launched.by(launcher))
