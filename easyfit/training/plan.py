@@ -113,11 +113,11 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
                                options.max_restarts if kind.trains else 0, worker_plan)
         return Plan(kind, run, strategy, launcher, precision, True, compiling, options)
     launcher = strategy.make_launcher()
-    launched = Launched.by(launcher)
+    elsewhere = launcher is not None and not launcher.rank_zero_in_caller
+    launched = Launched(by_easyfit=launcher is not None, for_this_call=elsewhere)
     if kind.trains:
         from easyfit.distributed.launchers.restarts import with_restarts
         launcher = with_restarts(launcher, strategy, options, model)
-    elsewhere = launcher is not None and not launcher.rank_zero_in_caller
     return Plan(kind, run, strategy, launcher, precision, elsewhere, compiling, options, launched)
 
 

@@ -33,11 +33,6 @@ class Launched:
     by_easyfit: bool = False
     for_this_call: bool = False
 
-    @classmethod
-    def by(cls, launcher: Launcher | None) -> Launched:
-        """How `launcher` (None: none of easyfit's) starts a call's ranks."""
-        return cls(launcher is not None, launcher is not None and not launcher.rank_zero_in_caller)
-
 
 class Launcher:
     """Starts (or joins) the ranks of a call and runs `function` in each; one failure stops them all.

@@ -39,8 +39,6 @@ TAKE_THE_FIT = ("training_step", "backward", "optimizer_step", "zero_grad", "no_
                 "end_fit", "describe_setup")
 #: what those methods took first in the earlier contract (`describe_setup` took nothing)
 EARLIER_FIRST_PARAMETERS = ("net", "optimizer", "loss", "path", "user_net", None)
-
-
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -75,8 +73,7 @@ def flags_as_attributes(cls):
 
 
 def check_contract(cls) -> None:
-    """Refuse a strategy class written to the earlier contract (the step and state methods took the net or the
-    optimizer, `setup` returned a tuple and kept the fit in `self.fit_state`), saying what changed."""
+    """Refuse a strategy class written to the earlier contract (`TAKE_THE_FIT`), saying what changed."""
     def first(method) -> str | None:
         parameters = list(inspect.signature(method).parameters)[1:]
         return parameters[0] if parameters else None
@@ -88,10 +85,9 @@ def check_contract(cls) -> None:
     if old:
         raise TypeError(f"{cls.__qualname__} defines {', '.join(old)} as the earlier Strategy contract did. Now "
                         "`setup(net, optimizer, scheduler=None, settings=None, call=None)` returns the fit's object, "
-                        "an easyfit.strategies.Fit (a subclass of it holds what your backend keeps for the fit, in "
-                        "place of `self.fit_state`), and the step and state methods take that fit first, e.g. "
-                        "`backward(self, fit, loss, precision)`, `no_sync(self, fit)`, with `fit.net` and "
-                        "`fit.optimizer`; see docs/strategies.md")
+                        "an easyfit.strategies.Fit (a subclass holds what your backend kept in `self.fit_state`), and "
+                        "the step and state methods take that fit first, e.g. `backward(self, fit, loss, precision)`, "
+                        "`no_sync(self, fit)`, with `fit.net` and `fit.optimizer`; see docs/strategies.md")
 
 
 def declared(cls, plain_step) -> Capabilities:

@@ -79,4 +79,4 @@ def join_ranks(strategy) -> None:
     if launcher is None:
         strategy.setup_environment()
     else:   # the launcher's handshake: a rank that failed before getting here is reported, not waited for
-        launcher.start(strategy.setup_environment, Launched.by(launcher))
+        launcher.start(strategy.setup_environment, Launched(True, not launcher.rank_zero_in_caller))
