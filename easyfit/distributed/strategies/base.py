@@ -24,7 +24,7 @@ from easyfit.data.batches import interleave
 from easyfit.data.samplers import EpochSampler, EvalSampler
 from easyfit.distributed.collectives import Collectives
 from easyfit.distributed.strategies.capabilities import NAMES, Capabilities
-from easyfit.distributed.strategies.states import CallState, Fit
+from easyfit.distributed.strategies.states import FIT_CALLS, CallState, Fit
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
@@ -32,12 +32,8 @@ from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
 if TYPE_CHECKING:
     from easyfit.distributed.launchers.base import Launched
 
-#: the methods that take the fit they act on first (the earlier contract's took the net, optimizer, loss or path)
-TAKE_THE_FIT = ("training_step", "backward", "optimizer_step", "zero_grad", "no_sync", "uneven_inputs",
-                "clip_gradients", "module_for_eval", "forward_in_lockstep", "module_state", "load_module_state",
-                "optimizer_state", "load_optimizer_state", "local_tensors", "save_checkpoint", "load_checkpoint",
-                "end_fit", "describe_setup")
-#: what those methods took first in the earlier contract (`describe_setup` took nothing)
+#: what the methods that take the fit first (a fit's calls, `FIT_CALLS`) took first in the earlier contract
+#: (`describe_setup` took nothing)
 EARLIER_FIRST_PARAMETERS = ("net", "optimizer", "loss", "path", "user_net", None)
 #: the modules `setup` may wrap the user's net in
 WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
@@ -73,11 +69,11 @@ def flags_as_attributes(cls):
 
 
 def check_contract(cls) -> None:
-    """Refuse a strategy class written to the earlier contract (`TAKE_THE_FIT`), saying what changed."""
+    """Refuse a strategy class written to the earlier contract, saying what changed."""
     def first(method) -> str | None:
         parameters = list(inspect.signature(method).parameters)[1:]
         return parameters[0] if parameters else None
-    old = [name for name in TAKE_THE_FIT
+    old = [name for name in FIT_CALLS.values()
            if callable(vars(cls).get(name)) and first(vars(cls)[name]) in EARLIER_FIRST_PARAMETERS]
     setup = vars(cls).get("setup")
     if callable(setup) and not {"settings", "call"} <= set(inspect.signature(setup).parameters):
