@@ -39,8 +39,7 @@ def call_on_rank(plan: Plan, model, **inputs) -> tuple[Any, dict | None]:
     # a rank-local call (strategy="single" among ranks) keeps the rank's identity
     identity = (strategy.global_rank, strategy.world_size) if strategy.world_size > 1 else None
     model.running = call = RunningCall(strategy, strategy.precision_plugin(model.precision, plan.precision),
-                                       identity or (outer or model._last_call).identity, call_state,
-                                       launched=plan.launched.by_easyfit)
+                                       identity or (outer or model._last_call).identity, call_state)
     returns_state = plan.rank_zero_elsewhere and strategy.is_global_zero
     say = print if kind.trains and inputs["options"].verbose and strategy.is_global_zero else None
     try:
@@ -114,9 +113,8 @@ def train_epochs(model, options: FitOptions, train, val, settings: TrainingSetti
         params = fit_params(model, options, fit, multiplier, batch_count(train),
                             getattr(getattr(batch_source(train), "loader", None), "batch_size", None))
         initial_epoch = options.initial_epoch
-        restartable = fault_tolerance.restartable_fit(options.fault_tolerance,
-                                                      options.max_restarts if call.launched else 0,
-                                                      strategy)
+        restarts = options.max_restarts if call.call_state.launched.by_easyfit else 0   # easyfit's launch restarts
+        restartable = fault_tolerance.restartable_fit(options.fault_tolerance, restarts, strategy)
         callbacks = call.callbacks = fit_callbacks(model, options, strategy.is_global_zero, params, restartable)
         resume_from = ((restartable and restartable.resume_from) or backup_to_resume(options.callbacks)
                        or options.resume_from)

@@ -10,10 +10,11 @@ from easyfit.data.weights import validation_weight
 from easyfit.distributed.connector import connect, strategy_name
 from easyfit.distributed.fault_tolerance import max_restarts_for
 from easyfit.distributed.launcher_choice import check_ray_call, ray_options
-from easyfit.distributed.launchers.base import Launched, Launcher
+from easyfit.distributed.launchers.base import Launcher
 from easyfit.distributed.memory import estimate
 from easyfit.distributed.run_options import RunOptions
 from easyfit.distributed.strategies.base import Strategy
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Launched
 from easyfit.distributed.strategy_parts.construction import check_built_sharded
 from easyfit.parts.outputs import ModelLoss
 from easyfit.parts.precision import parse_precision
@@ -77,7 +78,7 @@ class Plan:
     #: the call's options, checked and completed (`kind.check`)
     options: Any = None
     #: how the call's ranks come to exist, as each rank sees it (kept in a copy sent to a rank, and by a Ray worker)
-    launched: Launched = Launched()
+    launched: Launched = NOT_LAUNCHED
 
     def __getstate__(self) -> dict:
         """A copy sent to a spawned rank leaves the caller's launcher behind."""

@@ -19,7 +19,6 @@ class RunningCall:
     precision: Precision
     identity: tuple[int, int] | None = None   # (rank, world size) of a multi-process call
     call_state: CallState | None = None   # what the call holds in this process (the strategy's setup_environment)
-    launched: bool = False   # easyfit's launcher started this call's ranks (a fit's restarts are easyfit's)
     training: Fit | None = None   # the fit's own object (what the strategy's setup returned), while the fit trains
     train_batches: Any = None   # the fit's training batches (SWA's BatchNorm pass reads them)
     loss_fn: Any = None   # the fit's loss (weighted when weights were given); None: the Model's own

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -21,17 +20,6 @@ def variables_set(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@dataclass(frozen=True)
-class Launched:
-    """How a call's ranks came to exist, as each rank sees it (the call's plan says, and a rank it starts is handed
-    it): by a launcher of easyfit's (`by_easyfit`; then they share this machine's cores, and easyfit restarts them),
-    and whether that launcher started processes for this call alone (`for_this_call`: their default process group
-    ends with the call)."""
-
-    by_easyfit: bool = False
-    for_this_call: bool = False
 
 
 class Launcher:

@@ -15,7 +15,7 @@ import contextlib
 import inspect
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import Sampler
@@ -24,13 +24,10 @@ from easyfit.data.batches import interleave
 from easyfit.data.samplers import EpochSampler, EvalSampler
 from easyfit.distributed.collectives import Collectives
 from easyfit.distributed.strategies.capabilities import NAMES, Capabilities
-from easyfit.distributed.strategies.states import FIT_CALLS, CallState, Fit
+from easyfit.distributed.strategies.states import FIT_CALLS, NOT_LAUNCHED, CallState, Fit, Launched
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file, save_checkpoint_file
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 #: what the methods that take the fit first (a fit's calls, `FIT_CALLS`) took first in the earlier contract
 #: (`describe_setup` took nothing)
@@ -185,12 +182,12 @@ class Strategy:
         """In a process a launcher started for one rank (spawn, fork, a TPU replica), before its call: that rank's
         configuration (nothing here)."""
 
-    def setup_environment(self, launched: Launched | None = None) -> CallState:
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED) -> CallState:
         """Create the process group (if any) and select this process's device; `launched`: how the call's ranks came
-        to exist (None: not by easyfit's launcher). Returns what the call holds in this process until `teardown`."""
+        to exist. Returns what the call holds in this process until `teardown`."""
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
-        return CallState()
+        return CallState(launched)
 
     def precision_plugin(self, current: Precision, requested: Any) -> Precision:
         """The precision plugin for this call: `requested` (None: as `current`), on this process's device."""

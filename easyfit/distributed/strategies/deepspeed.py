@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from easyfit.distributed.strategies.base import whole_tensors
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.sharded import FULL, SHARDED, ShardedFit, ShardingStrategy
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Launched
 from easyfit.distributed.strategy_parts import zero_init
 from easyfit.distributed.strategy_parts.construction import ZERO3, built_sharded, join_ranks
 from easyfit.distributed.strategy_parts.deepspeed_config import DeepSpeedConfig, read_config
@@ -42,9 +42,6 @@ from easyfit.saving.backend_folders import check_deepspeed_folder
 from easyfit.saving.checkpoint import DEEPSPEED_CLIENT_KEY, FORMAT_KEY, FORMAT_VERSION, as_data
 from easyfit.utils.deepspeed_import import autotuner_tracker_hidden
 from easyfit.utils.tensors import map_tensors
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 
 def deepspeed_for_training(strategy: str):
@@ -167,7 +164,7 @@ class DeepSpeedStrategy(ShardingStrategy):
         deepspeed = require("deepspeed", "deepspeed", self.name)
         return deepspeed.zero.Init(config_dict_or_path=self.construction_config())
 
-    def setup_environment(self, launched: Launched | None = None):
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED):
         call = super().setup_environment(launched)
         # DeepSpeed reads the ranks from the variables its own launcher and torchrun set; easyfit's rank 0 has none
         for variable, value in (("LOCAL_RANK", self.local_rank), ("RANK", self.global_rank),

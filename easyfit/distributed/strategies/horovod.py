@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,13 +17,10 @@ from easyfit.distributed.environments import ClusterEnvironment
 from easyfit.distributed.launchers.horovod import HorovodLauncher, import_horovod
 from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.parallel import ParallelCall, ParallelStrategy, Placement
-from easyfit.distributed.strategies.states import Fit
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Fit, Launched
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 
 @dataclass(kw_only=True)
@@ -87,7 +83,7 @@ class HorovodStrategy(ParallelStrategy):
         return HorovodLauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self, launched: Launched | None = None) -> ParallelCall:
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED) -> ParallelCall:
         """Join Horovod's job first: the call's placement is then Horovod's."""
         hvd = import_horovod()
         hvd.init()

@@ -12,7 +12,6 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,11 +22,8 @@ from easyfit.distributed.attempt_store import attempt_store
 from easyfit.distributed.collectives import TorchCollectives
 from easyfit.distributed.environments import ClusterEnvironment, LocalEnvironment
 from easyfit.distributed.strategies.base import CallState, Strategy
-from easyfit.distributed.strategies.states import Fit
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Fit, Launched
 from easyfit.distributed.strategy_parts.cpu_threads import CoreShare
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 #: how long joining the process group may take before easyfit says which peers it still waits for, and why
@@ -107,12 +103,10 @@ class Placement:
 
 @dataclass
 class ParallelCall(CallState):
-    """A call of several processes in this process: whether easyfit's launcher started its ranks, this rank's share
-    of the CPU cores while it runs, and the process groups it made besides the default one (a pipeline's), which end
-    with the call."""
+    """A call of several processes in this process: this rank's share of the CPU cores while it runs (ranks
+    easyfit's launcher started share this machine's), and the process groups it made besides the default one (a
+    pipeline's), which end with the call (the default one too in processes started for this call alone)."""
 
-    own_launch: bool = False   # easyfit's launcher started the ranks: they share this machine's cores
-    ends_group: bool = False   # processes started for this call alone: the default process group ends with it
     cores: CoreShare = field(default_factory=CoreShare)
     subgroups: list = field(default_factory=list)
 
@@ -237,11 +231,10 @@ class ParallelStrategy(Strategy):
     #: what a call holds in this process (a backend with more to hold gives its own)
     call_state_type = ParallelCall
 
-    def setup_environment(self, launched: Launched | None = None) -> ParallelCall:
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED) -> ParallelCall:
         """Select this process's device and join the process group; `launched`: how the call's ranks came to exist
         (a spawn / fork launcher's processes exist for this call alone)."""
-        call = self.call_state_type(own_launch=bool(launched and launched.by_easyfit),
-                                    ends_group=bool(launched and launched.for_this_call))
+        call = self.call_state_type(launched)
         super().setup_environment(launched)
         self.join_process_group(call)
         return call
@@ -249,7 +242,7 @@ class ParallelStrategy(Strategy):
     def join_process_group(self, call: ParallelCall) -> None:
         """Create torch.distributed's default process group of this call's ranks (or check the one that exists),
         each rank of easyfit's own launch on its share of the CPU cores."""
-        if self.root_device.type == "cpu" and call.own_launch:   # easyfit's own launch, not torchrun's
+        if self.root_device.type == "cpu" and call.launched.by_easyfit:   # easyfit's own launch, not torchrun's
             call.cores.apply(self.num_processes)
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
@@ -265,7 +258,7 @@ class ParallelStrategy(Strategy):
         with _say_who_is_missing(self, after_seconds=PEER_WAIT_NOTICE_SECONDS):
             dist.init_process_group(self.process_group_backend, store=store, rank=self.global_rank,
                                     world_size=self.world_size, timeout=self.timeout)
-        if not call.ends_group:   # kept for later calls: destroyed when the script ends
+        if not call.launched.for_this_call:   # kept for later calls: destroyed when the script ends
             atexit.register(destroy_process_group)
 
     def end_fit(self, fit: Fit, user_net: torch.nn.Module, user_optimizer: torch.optim.Optimizer) -> None:
@@ -280,7 +273,7 @@ class ParallelStrategy(Strategy):
         alone, the default group too (`leave_process_group`)."""
         call.cores.restore()
         destroy_subgroups(call.subgroups)
-        if call.ends_group:
+        if call.launched.for_this_call:
             self.leave_process_group()
 
     def leave_process_group(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,6 +20,7 @@ from easyfit.distributed.strategies.capabilities import Capabilities
 from easyfit.distributed.strategies.ddp2 import average_gradients
 from easyfit.distributed.strategies.parallel import ParallelCall, destroy_process_group
 from easyfit.distributed.strategies.sharded import ShardedFit, ShardingStrategy
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Launched
 from easyfit.distributed.strategy_parts.pipeline_engine import IDENTITY, Layout, PipelinedNet
 from easyfit.distributed.strategy_parts.pipeline_split import check_options, layers_of, resolve_balance, stage_layers
 from easyfit.distributed.strategy_parts.pipeline_state import (
@@ -31,9 +31,6 @@ from easyfit.distributed.strategy_parts.pipeline_state import (
 )
 from easyfit.distributed.strategy_parts.sharding import optimizer_params
 from easyfit.parts.precision import Precision
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 
 @dataclass
@@ -147,7 +144,7 @@ class PipelineStrategy(ShardingStrategy):
 
     call_state_type = PipelineCall
 
-    def setup_environment(self, launched: Launched | None = None) -> PipelineCall:
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED) -> PipelineCall:
         own_group = self.world_size == 1 and not dist.is_initialized()
         call = super().setup_environment(launched)
         # every rank creates every group, in the same order

@@ -9,10 +9,27 @@ from typing import Any
 import torch
 
 
+@dataclass(frozen=True)
+class Launched:
+    """How a call's ranks came to exist, as each rank sees it (the call's plan says, and a rank it starts is handed
+    it; its `CallState` keeps it): by a launcher of easyfit's (`by_easyfit`; then they share this machine's cores, and
+    easyfit restarts them), and whether that launcher started processes for this call alone (`for_this_call`: their
+    default process group ends with the call)."""
+
+    by_easyfit: bool = False
+    for_this_call: bool = False
+
+
+#: ranks no launcher of easyfit's started (this process alone, or torchrun's, SLURM's, ...)
+NOT_LAUNCHED = Launched()
+
+
 @dataclass
 class CallState:
     """What one call (fit, evaluate, predict) holds in this process, from the strategy's `setup_environment` to its
-    `teardown`; a backend subclasses it."""
+    `teardown`: how its ranks came to exist, and a backend subclass's own fields."""
+
+    launched: Launched = NOT_LAUNCHED
 
     @property
     def threads_note(self) -> str | None:

@@ -16,7 +16,6 @@ import importlib.metadata
 import os
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,14 +23,11 @@ from easyfit.data.contents import move_to_device
 from easyfit.distributed.collectives import XlaCollectives
 from easyfit.distributed.strategies.base import CallState, Strategy
 from easyfit.distributed.strategies.capabilities import Capabilities
-from easyfit.distributed.strategies.states import Fit
+from easyfit.distributed.strategies.states import NOT_LAUNCHED, Fit, Launched
 from easyfit.parts.optimizers import align_state
 from easyfit.parts.precision import Precision
 from easyfit.saving.checkpoint import load_checkpoint_file
 from easyfit.utils.tensors import map_tensors
-
-if TYPE_CHECKING:
-    from easyfit.distributed.launchers.base import Launched
 
 #: the torch_xla release `pip install easyfit[xla]` installs; it pins torch to the same version
 TORCH_XLA_VERSION = "2.9.0"
@@ -160,13 +156,13 @@ class XLAStrategy(Strategy):
         return XLALauncher(self)
 
     # --- life -----------------------------------------------------------------------
-    def setup_environment(self, launched: Launched | None = None) -> XLACall:
+    def setup_environment(self, launched: Launched = NOT_LAUNCHED) -> XLACall:
         local = self._runtime().local_device_count() if self.all_devices else 1
         if self.device_count not in (None, local):
             raise ValueError(f"devices={self.device_count}, but torch_xla runs one process per device of this host, "
                              f"which has {local}. Pass devices='auto' (or 1), or limit the devices torch_xla sees "
                              "(TPU_VISIBLE_CHIPS, see docs/tpu.md).")
-        return XLACall()
+        return XLACall(launched)
 
     def check_precision(self, precision: str) -> None:
         if precision == "16-mixed":

@@ -74,7 +74,7 @@ def join_ranks(strategy) -> None:
                 "of the script (then use that strategy), or run the script under torchrun / SLURM / deepspeed")
         from easyfit.distributed.calls import configure_for_call, read_call
         configure_for_call(strategy, read_call())
-    from easyfit.distributed.launchers.base import Launched
+    from easyfit.distributed.strategies.states import Launched
     launcher = strategy.make_launcher()
     if launcher is None:
         strategy.setup_environment()
