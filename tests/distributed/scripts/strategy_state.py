@@ -85,6 +85,7 @@ def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
     assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
     open once garbage is collected ("sockets": a number; None where they cannot be counted)."""
     def call(plan, model, **inputs):
+        gc.collect()   # sockets earlier work left to the collector close now, not during this fit's count
         before, sockets = dict(vars(plan.strategy)), open_sockets()
         with assignments(plan.strategy) as assigned, assignments(model) as on_model:
             try:
