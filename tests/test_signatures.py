@@ -68,7 +68,9 @@ import importlib, inspect
 import torch
 from easyfit.distributed import launch, run_options
 from easyfit.training import on_batch
-run_options.OPTIONS.append(run_options.RunOption("fake_option", 7, "a made-up option", placement=True))
+fake = run_options.RunOption("fake_option", 7, "a made-up option", placement=True)
+run_options.OPTIONS.append(fake)
+run_options.Placement.rows.append(fake)   # the placement options' table, made of OPTIONS' rows at import
 for module in (on_batch, launch):   # the calls are made again, as in a fresh interpreter
     importlib.reload(module)
 from easyfit import model as model_module
@@ -155,9 +157,7 @@ def test_an_option_declared_but_not_written_is_named():
     from easyfit.utils.options import Option, Values, takes_options
 
     class Two(Values):
-        @classmethod
-        def rows(cls):
-            return [Option("first", 1, "one"), Option("second", None, "two", keyword_only=True)]
+        rows = [Option("first", 1, "one"), Option("second", None, "two", keyword_only=True)]
 
     @takes_options(Two)
     def call(x, first=1, **unknown):

@@ -91,7 +91,7 @@ def check_compile(value: Any, strategy, options, model, precision: str = "32") -
         reason = whole_step_refusal(model.net, model.optimizer, precision == "16-mixed", strategy)
         if reason is not None:
             raise steps_need_one_program(steps, reason)
-    if not strategy.supports_compile:
+    if not strategy.capabilities.supports_compile:
         raise ValueError(f"strategy {strategy.name!r} does not support compile={value!r}: its step runs through "
                          "code torch.compile cannot trace as one step. Use compile=False, or strategy='single' / "
                          "'ddp' (see docs/strategies.md, supports_compile).")

@@ -46,7 +46,7 @@ def configure_for_call(strategy: Strategy, call: Call, devices="auto") -> Strate
     conflicts, then what the strategy left unset, filled in from the call."""
     if call.auto_selected:
         strategy.selection_note = f"auto-selected CUDA devices {', '.join(str(d.index) for d in call.devices)}"
-    if strategy.uses_launcher_processes:
+    if strategy.capabilities.uses_launcher_processes:
         call = replace(call, devices=_node_devices(call, devices))
     _check_conflicts(strategy, call)
     per_node = strategy.processes_per_node(call)
@@ -60,10 +60,10 @@ def configure_for_call(strategy: Strategy, call: Call, devices="auto") -> Strate
 def _check_conflicts(strategy: Strategy, call: Call) -> None:
     """What no strategy that starts its own processes can do, then the strategy's own conflicts."""
     name = strategy.name
-    if strategy.starts_processes and call.external:
+    if strategy.capabilities.starts_processes and call.external:
         raise ValueError(f"strategy={name!r} starts its own processes, but this one was already started by "
                          f"{call.environment.name} as one of several ranks. Use strategy='ddp' (or 'auto').")
-    if strategy.starts_processes and call.num_nodes > 1:
+    if strategy.capabilities.starts_processes and call.num_nodes > 1:
         raise ValueError(f"strategy={name!r} starts processes on this machine only; for num_nodes > 1 start the "
                          "script on every node (torchrun, SLURM, or by hand with NODE_RANK) with strategy='ddp'")
     strategy.check_call(call)

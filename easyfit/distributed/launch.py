@@ -27,7 +27,7 @@ def launch(*, max_restarts: int = 0, devices="auto", accelerator="auto", strateg
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     [run] = given(locals(), Placement)
     chosen = connect(**run.placement())
-    if chosen.starts_processes:
+    if chosen.capabilities.starts_processes:
         raise ValueError(f"easyfit.launch() starts the ranks of a script, but strategy={chosen.name!r} starts new "
                          "processes at each call. Use strategy='ddp' (the script is re-run for each rank), or "
                          "call fit directly.")

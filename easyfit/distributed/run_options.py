@@ -66,10 +66,7 @@ class RunOptions(Values):
     """One call's run options, checked as they are made, read-only: `run.devices`, `run.compile`, ..."""
 
     title, note = "run options", " (every call takes them; where it runs and how)"
-
-    @classmethod
-    def rows(cls) -> list[RunOption]:
-        return OPTIONS
+    rows = OPTIONS
 
     def __init__(self, *positional, **values):
         super().__init__(*positional, **values)
@@ -84,7 +81,4 @@ class Placement(RunOptions):
     """The placement options alone (`easyfit.launch()`'s)."""
 
     title, note = "placement options", " (where the ranks run)"
-
-    @classmethod
-    def rows(cls) -> list[RunOption]:
-        return [option for option in OPTIONS if option.placement]
+    rows = [option for option in OPTIONS if option.placement]

@@ -129,22 +129,14 @@ def fit_option_names() -> list[str]:
 class FitOptions(Values):
     """One fit's own options (`FIT_OPTIONS`), read-only: `options.epochs`, `options.batch_size`, ..."""
 
-    title = "fit options"
-
-    @classmethod
-    def rows(cls) -> list[Option]:
-        return FIT_OPTIONS
+    title, rows = "fit options", FIT_OPTIONS
 
 
 class LoopOptions(Values):
     """The options of an evaluate or predict call (`LOOP_OPTIONS`): samples per batch and process, the display,
     the callbacks."""
 
-    title = "loop options"
-
-    @classmethod
-    def rows(cls) -> list[Option]:
-        return LOOP_OPTIONS
+    title, rows = "loop options", LOOP_OPTIONS
 
 
 #: the loop's own settings, besides the fit options marked `setting`
@@ -156,11 +148,7 @@ class TrainingSettings(Values):
     """How fit trains (the fit options marked `setting`, the scheduler's interval, the precision); the strategy sees
     them in `setup` (`Strategy.setup(..., settings)`); read-only."""
 
-    title = "training settings"
-
-    @classmethod
-    def rows(cls) -> list[Option]:
-        return [option for option in FIT_OPTIONS if option.setting] + LOOP_SETTINGS
+    title, rows = "training settings", [option for option in FIT_OPTIONS if option.setting] + LOOP_SETTINGS
 
     @classmethod
     def of(cls, options: FitOptions, **loop_settings) -> TrainingSettings:

@@ -85,7 +85,7 @@ class CountedWindows:
         self.steps, self.strategy, self.accumulate, self.num_batches = steps, strategy, accumulate, num_batches
         self.across_ranks = across_ranks and strategy.world_size > 1
         ranks = strategy.data_parallel_size if self.across_ranks else 1
-        self.shares = ranks * (accumulate if strategy.handles_accumulation else 1)
+        self.shares = ranks * (accumulate if strategy.capabilities.handles_accumulation else 1)
         self.counts: deque = deque()
 
     @property

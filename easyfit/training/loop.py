@@ -109,7 +109,7 @@ class Loop:
         self._check_even_batches(num_batches)
         # a backend that accumulates divides the loss itself (divisor 1)
         epoch_run = TrainingEpoch(batches, tracker, num_batches, accumulate,
-                                  1 if strategy.handles_accumulation else accumulate,
+                                  1 if strategy.capabilities.handles_accumulation else accumulate,
                                   callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end"),
                                   strategy.world_size > 1 and not uneven and callbacks.may_stop_mid_epoch(),
                                   self.steps.step("train"))
@@ -203,7 +203,7 @@ class Loop:
     def _item_steps(self, batches) -> ItemSteps | None:
         """The steps of a loss over counted items (easyfit.training.item_windows); None where the loss is a per-batch
         mean, or the targets of in-memory data (under compile=, of the first batch read ahead) are not counted."""
-        counting = item_counting(self.loss_fn, self.net) if self.strategy.counts_items else None
+        counting = item_counting(self.loss_fn, self.net) if self.strategy.capabilities.counts_items else None
         if counting is None:
             return None
         target = _known_target(batches)
@@ -212,7 +212,8 @@ class Loop:
         return None if target is not None and not counting.applies(target) else ItemSteps.cached(self, counting)
 
     def _loss_tracker(self) -> LossTracker:
-        return LossTracker(1 if self.strategy.sums_losses_per_step else LossTracker.FOLD_EVERY, self.metrics)
+        per_step = self.strategy.capabilities.sums_losses_per_step
+        return LossTracker(1 if per_step else LossTracker.FOLD_EVERY, self.metrics)
 
     def _ran_out(self, trained: int, num_batches: int | None) -> bool:
         """Whether the epoch ended with its data after `trained` batches, not at a known length or a stop: data of
@@ -260,7 +261,7 @@ class Loop:
     def _optimizer_step(self) -> None:
         settings = self.settings
         self.before_step()
-        if settings.gradient_clip_val is not None and not self.strategy.handles_clipping:
+        if settings.gradient_clip_val is not None and not self.strategy.capabilities.handles_clipping:
             self.training.clip_gradients(settings.gradient_clip_val, self.precision)
         if self.compiled_optimizer_step is not None:
             self.compiled_optimizer_step()

@@ -105,7 +105,8 @@ def fit_on_rank(model, run: RunOptions, x, y, options: FitOptions) -> History:
 
 def train_epochs(model, options: FitOptions, train, val, settings: TrainingSettings, fit: Fit) -> None:
     """The epochs of a fit, with LR scaling, a resumed or fault-tolerance checkpoint, warmup and the callbacks."""
-    call, strategy, optimizer = model.running, model.strategy, fit.optimizer
+    call, optimizer = model.running, fit.optimizer
+    strategy = call.strategy
     multiplier = call.lr_multiplier = lr_multiplier(options.lr_scaling, strategy.batch_factor)
     rates = StepRates(optimizer, 1.0)
     try:
@@ -181,26 +182,27 @@ def fit_params(model, options: FitOptions, fit: Fit, multiplier: float, steps_pe
         "effective_batch_size": effective_batch(batch_size, strategy, options.gradient_accumulation_steps),
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
-        "strategy": strategy.name, "precision": model.precision.name,
+        "strategy": strategy.name, "precision": model.running.precision.name,
         "summary": describe(batch_size, strategy, options.lr_scaling, fit.optimizer, multiplier,
                             options.gradient_accumulation_steps, fit),
     }
 
 
 def eval_loop(model, verbose: int, callbacks: list[Callback]) -> Loop:
-    strategy = model.strategy
-    model.precision.convert_module(model.net)
-    display = progress_callbacks(verbose, strategy.is_global_zero)
+    call = model.running
+    call.precision.convert_module(model.net)
+    display = progress_callbacks(verbose, call.strategy.is_global_zero)
     callback_list = CallbackList([*display, *callbacks], model, {"verbose": verbose})
-    return Loop(model, callback_list, Fit(strategy=strategy, net=model.net, call=model.running.call_state))
+    return Loop(model, callback_list, Fit(strategy=call.strategy, net=model.net, call=call.call_state))
 
 
 def call_batches(model, run: RunOptions, x, y, batch_size: int, train: bool = False, targets: bool = True, **options):
     """The batches of a call (`make_batches` with the run's options); with `targets`, the net's own loss
     (loss="model") gets its targets in the forward."""
-    batches = make_batches(x, y, batch_size=batch_size, strategy=model.strategy, train=train,
+    call = model.running
+    batches = make_batches(x, y, batch_size=batch_size, strategy=call.strategy, train=train,
                            num_workers=run.num_workers, replace_sampler=run.replace_sampler,
-                           float_dtype=model.precision.float_dtype, collate_fn=run.collate_fn, **options)
+                           float_dtype=call.precision.float_dtype, collate_fn=run.collate_fn, **options)
     return targets_in_forward(batches, model.net, model.loss_fn) if targets else batches
 
 
@@ -213,7 +215,7 @@ def evaluate_on_rank(model, run: RunOptions, x, y, options: LoopOptions) -> dict
 
 
 def predict_on_rank(model, run: RunOptions, x, y, options: LoopOptions):
-    strategy = model.strategy
+    strategy = model.running.strategy
     batches = call_batches(model, run, x, y, options.batch_size, targets=False, inputs_only=True)
     loop = eval_loop(model, options.verbose, options.callbacks)
     loop.first_steps[batches] = prepare(model, loop.training.module_for_eval(), batches, "the data", targets=False)

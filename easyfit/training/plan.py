@@ -99,11 +99,11 @@ def plan_call(model, kind: CallKind, run: RunOptions, options: Any = None) -> Pl
                      "accelerator": _accelerator_here(run.accelerator)}
     strategy = connect(training_memory=estimate(model.net, model.optimizer) if kind.trains else None,
                        ranks_elsewhere=on_ray is not None, **placement)
-    check_built_sharded(model.net, kind.trains, strategy.trains_built_sharded)
+    check_built_sharded(model.net, kind.trains, strategy.capabilities.trains_built_sharded)
     precision = parse_precision(run.precision or model.precision.name)
     strategy.check_precision(precision)
     strategy.check_net(model.net)
-    if isinstance(model.loss_fn, ModelLoss) and not strategy.forward_takes_targets:
+    if isinstance(model.loss_fn, ModelLoss) and not strategy.capabilities.forward_takes_targets:
         raise ValueError(f"loss='model' passes the targets into the net's forward (labels=), but "
                          f"strategy={strategy.name!r} runs the net as a chain of stages that each take one input. "
                          "Pass a loss by name (e.g. loss='cross_entropy') for the last stage's output instead.")

@@ -31,24 +31,22 @@ class Option:
 
 
 class Values:
-    """One call's values of a table of options (`rows()`), read-only attributes with the rows' defaults; a subclass
+    """One call's values of a table of options (`rows`), read-only attributes with the rows' defaults; a subclass
     names its rows, what they are (`title`) and what a docstring adds to the title (`note`)."""
 
     title: ClassVar[str] = "options"
     note: ClassVar[str] = ""
-
-    @classmethod
-    def rows(cls) -> list[Option]:
-        raise NotImplementedError
+    #: the table's options, in order
+    rows: ClassVar[list[Option]] = []
 
     def __init__(self, *positional, **values):
-        names = [row.name for row in self.rows()]
+        names = [row.name for row in self.rows]
         values.update(zip(names, positional))
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise TypeError(f"{type(self).__name__} has no option(s) {', '.join(unknown)}."
                             f"{closest_name(unknown[0], names)}")
-        for row in self.rows():
+        for row in self.rows:
             object.__setattr__(self, row.name, values.get(row.name, row.default))
 
     def __setattr__(self, name: str, value) -> None:
@@ -69,7 +67,7 @@ class Values:
 
     def check(self) -> None:
         """Raise on a value that its row's `check` refuses."""
-        for row in self.rows():
+        for row in self.rows:
             if row.check is not None:
                 row.check(getattr(self, row.name), row.name)
 
@@ -77,7 +75,7 @@ class Values:
         """The values checked (`check`), in the forms easyfit uses (each row's `convert`)."""
         self.check()
         return type(self)(**{row.name: getattr(self, row.name) if row.convert is None else
-                             row.convert(getattr(self, row.name)) for row in self.rows()})
+                             row.convert(getattr(self, row.name)) for row in self.rows})
 
 
 def refuse_unknown(given, known) -> None:
@@ -98,10 +96,10 @@ def call_arguments(arguments: dict) -> dict:
 def given(arguments: dict, *tables: type[Values]) -> list[Values]:
     """The values of each table among a call's arguments (its `locals()`, read first thing in the body); a keyword
     in `**unknown` that no table declares is refused by name."""
-    declared = {row.name for table in tables for row in table.rows()}
+    declared = {row.name for table in tables for row in table.rows}
     refuse_unknown(set(arguments["unknown"]) - declared, declared | set(arguments) - {"self", "unknown"})
     arguments = call_arguments(arguments)
-    return [table(**{row.name: arguments[row.name] for row in table.rows() if row.name in arguments})
+    return [table(**{row.name: arguments[row.name] for row in table.rows if row.name in arguments})
             for table in tables]
 
 
@@ -118,7 +116,7 @@ def takes_options(*tables: type[Values], leave_out: tuple = (), keyword_only: bo
     order with their defaults (`defaults` overrides some for this call), keyword-only where the row says so or
     `keyword_only`. The call's docstring gains each one's doc; `declared` lists the parameters they ask for."""
     def decorate(function: F) -> F:
-        sections = [(table.title.capitalize() + table.note, [row for row in table.rows() if row.name not in leave_out])
+        sections = [(table.title.capitalize() + table.note, [row for row in table.rows if row.name not in leave_out])
                     for table in tables]
         values = {row.name: defaults.get(row.name, row.default) for _, rows in sections for row in rows}
         declared = [inspect.Parameter(row.name, KEYWORD if row.keyword_only or keyword_only else POSITIONAL,

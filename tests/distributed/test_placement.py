@@ -42,6 +42,8 @@ def test_the_placement_is_frozen_when_the_strategy_is_configured(monkeypatch):
     try:
         assert strategy.placement == Placement(world_size=1, global_rank=0, local_rank=0, node_rank=0)
         assert (strategy.node_rank, strategy.global_rank, strategy.root_device) == (0, 0, torch.device("cpu"))
+        # plain values of the configured strategy, read without a call on every step
+        assert {"world_size", "global_rank", "local_rank", "node_rank", "root_device"} <= set(vars(strategy))
     finally:
         strategy.teardown(call)
         if not group_before:   # one process's group, kept for later calls of a script: not for later tests

@@ -53,7 +53,7 @@ class DDP2Strategy(ParallelStrategy):
         super().configure(*args, **kwargs)
         self.node_devices = self.parallel_devices
         self.parallel_devices = self.parallel_devices[:1]   # one process per node, rooted at the first device
-        self.frozen_placement = self.read_placement()   # of one process per node
+        self.freeze(self.read_placement())   # of one process per node
 
     def start_launcher(self) -> None:
         return None   # one process per node: started by hand, torchrun or SLURM on each node

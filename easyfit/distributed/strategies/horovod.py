@@ -65,6 +65,25 @@ class HorovodStrategy(ParallelStrategy):
             return Placement(environment.world_size(), environment.global_rank(), environment.local_rank(), 0)
         return Placement(self.num_nodes * self.num_processes, 0, 0, 0)
 
+    def freeze(self, placement: Placement) -> None:
+        """Nothing to keep: Horovod's job gives the ranks once this process joined it (`placement`)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
+
+    @property
+    def global_rank(self) -> int:
+        return self.placement.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.placement.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.placement.node_rank
+
     @property
     def root_device(self) -> torch.device:
         if self.accelerator == "cuda":

@@ -125,6 +125,9 @@ class ParallelStrategy(Strategy):
     new processes; None: the script is re-run, the strategy offering no other way); this rank's frozen placement, its
     share of the CPU cores and of the data, the process group and the collectives."""
 
+    #: this rank's placement, frozen when the strategy is configured for this process (`freeze`)
+    placement: Placement | None = None
+
     def __init__(self, accelerator: str | None = None, parallel_devices: list[torch.device] | None = None,
                  num_nodes: int | None = None, environment: ClusterEnvironment | None = None,
                  process_group_backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
@@ -134,7 +137,6 @@ class ParallelStrategy(Strategy):
         self.accelerator, self.parallel_devices, self.num_nodes = accelerator, parallel_devices, num_nodes
         self.environment, self.process_group_backend = environment, process_group_backend
         self.timeout, self.start_method = timeout, start_method
-        self.frozen_placement: Placement | None = None   # this rank's, from `configure` / `configure_rank`
         if start_method in ("spawn", "fork"):
             self.capabilities = replace(self.capabilities, starts_processes=True)
 
@@ -148,11 +150,18 @@ class ParallelStrategy(Strategy):
         self.environment = self.environment or environment or LocalEnvironment()
         self.process_group_backend = (self.process_group_backend or process_group_backend
                                       or ("nccl" if self.accelerator == "cuda" else "gloo"))
-        self.frozen_placement = self.read_placement()
+        self.freeze(self.read_placement())
 
     def configure_rank(self, local_rank: int) -> None:
         """In a process a launcher started for one rank (spawn, fork), before its call: that rank's placement."""
-        self.frozen_placement = self.read_placement(local_rank)
+        self.freeze(self.read_placement(local_rank))
+
+    def freeze(self, placement: Placement) -> None:
+        """Keep this rank's placement, and its device, as plain values: what the process's calls read from here on."""
+        self.placement = placement
+        self.world_size, self.global_rank = placement.world_size, placement.global_rank
+        self.local_rank, self.node_rank = placement.local_rank, placement.node_rank
+        self.root_device = self.parallel_devices[placement.local_rank % self.num_processes]
 
     @property
     def num_processes(self) -> int:
@@ -169,32 +178,6 @@ class ParallelStrategy(Strategy):
             return Placement(environment.world_size(), environment.global_rank(), environment.local_rank(), node_rank)
         return Placement(self.num_nodes * self.num_processes, node_rank * self.num_processes + local_rank,
                          local_rank, node_rank)
-
-    @property
-    def placement(self) -> Placement:
-        """This rank's placement, frozen when the strategy was configured (an unconfigured one: as the environment
-        says now)."""
-        return self.frozen_placement or self.read_placement()
-
-    @property
-    def world_size(self) -> int:
-        return self.placement.world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self.placement.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.placement.local_rank
-
-    @property
-    def node_rank(self) -> int:
-        return self.placement.node_rank
-
-    @property
-    def root_device(self) -> torch.device:
-        return self.parallel_devices[self.local_rank % self.num_processes]
 
     # --- data: this replica's share -----------------------------------------------------
     def train_sampler(self, dataset_len: int, shuffle: bool, seed: int) -> Sampler:

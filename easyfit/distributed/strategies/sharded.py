@@ -113,7 +113,7 @@ class ShardingStrategy(ParallelStrategy):
     def forward_in_lockstep(self, fit: Fit) -> bool:
         """With hand_back=False (a net too big to gather) nothing is ever gathered: the first-batch check and
         validation run the sharded net, every rank in step."""
-        return self.trains_sharded(fit) and self.shards_parameters and not self.hand_back
+        return self.trains_sharded(fit) and self.capabilities.shards_parameters and not self.hand_back
 
     def gathered_copy(self, fit: ShardedFit) -> torch.nn.Module:
         """The backend's: a plain copy of the user's net with the gathered weights of the fit's net, on this
