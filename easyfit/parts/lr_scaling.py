@@ -92,10 +92,10 @@ def track_optimizer_steps(scheduler) -> None:
     optimizer.step = wrapper
 
 
-def effective_batch(batch_size: int, strategy, accumulate: int = 1) -> int:
-    """The samples of one optimizer step: the per-process batch × `strategy.batch_factor` × the accumulated
+def effective_batch(batch_size: int, batch_factor: int, accumulate: int = 1) -> int:
+    """The samples of one optimizer step: the per-process batch × the strategy's `batch_factor` × the accumulated
     batches."""
-    return batch_size * strategy.batch_factor * accumulate
+    return batch_size * batch_factor * accumulate
 
 
 def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, multiplier: float,
@@ -104,7 +104,7 @@ def describe(batch_size: int, strategy, rule, optimizer: torch.optim.Optimizer, 
     16 × 2 processes × 2 accumulated batches; ...'), with what the strategy's setup chose for `fit`. The LR's factor
     is the processes' alone (`lr_multiplier`)."""
     factor = strategy.batch_factor
-    text = f"effective batch {effective_batch(batch_size, strategy, accumulate)} = {batch_size} × {factor} " \
+    text = f"effective batch {effective_batch(batch_size, factor, accumulate)} = {batch_size} × {factor} " \
            f"{strategy.describe_batch_factor()}"
     if accumulate > 1:
         text = f"{text} × {accumulate} accumulated batches"

@@ -174,12 +174,13 @@ def fit_params(model, options: FitOptions, fit: Fit, multiplier: float, steps_pe
     """The fit's params for the callbacks (Keras' `self.params`); `batch_size`: the per-process batch of the data
     when it says (a DataLoader used as given), else fit's."""
     strategy, batch_size = fit.strategy, batch_size or options.batch_size
+    factor = strategy.batch_factor
     return {
         "epochs": options.epochs, "batch_size": batch_size, "verbose": options.verbose,
         "validation_freq": options.validation_freq,
         "validation": options.validation_data is not None or bool(options.validation_split),
-        "world_size": strategy.world_size, "batch_factor": strategy.batch_factor,
-        "effective_batch_size": effective_batch(batch_size, strategy, options.gradient_accumulation_steps),
+        "world_size": strategy.world_size, "batch_factor": factor,
+        "effective_batch_size": effective_batch(batch_size, factor, options.gradient_accumulation_steps),
         "steps_per_epoch": steps_per_epoch, "gradient_accumulation_steps": options.gradient_accumulation_steps,
         "lr_scaling": options.lr_scaling if multiplier != 1.0 else None, "lr_multiplier": multiplier,
         "strategy": strategy.name, "precision": model.running.precision.name,
