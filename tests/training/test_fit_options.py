@@ -54,8 +54,10 @@ def check(value, name):
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
-fit_options.FIT_OPTIONS.append(fit_options.FitOption("fake_fit_option", 7, "a made-up fit option", check,
-                                                     keyword_only=True, setting=True, in_step_key=True))
+fake = fit_options.FitOption("fake_fit_option", 7, "a made-up fit option", check, keyword_only=True, setting=True,
+                             in_step_key=True)
+fit_options.FIT_OPTIONS.append(fake)
+fit_options.TrainingSettings.rows.insert(-len(fit_options.LOOP_SETTINGS), fake)   # made of FIT_OPTIONS at import
 from easyfit import model as model_module
 importlib.reload(model_module)   # the calls are declared again, as in a fresh interpreter
 Model = model_module.Model
