@@ -17,8 +17,19 @@ from easyfit.distributed.strategy_parts.cpu_threads import CoreShare, available_
 @pytest.fixture(scope="session")
 def ray_cluster():
     """The session's local Ray cluster (tests/ray_cluster.py)."""
-    from ray_cluster import session_cluster
-    yield from session_cluster()
+    from ray_cluster import SESSION, ray_or_skip
+    ray_or_skip()
+    yield SESSION
+    SESSION.shutdown()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last of a row of tests on the session's Ray cluster (their fixtures torn down), the cluster ends."""
+    yield
+    if "ray_cluster" in item.fixturenames and (nextitem is None or "ray_cluster" not in nextitem.fixturenames):
+        from ray_cluster import SESSION
+        SESSION.shutdown()
 
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's: run without it (-p no:xdist), pytest has no such hook

@@ -1,8 +1,8 @@
 """The test session's one local Ray cluster: two nodes of one CPU each on this machine (as Ray's own
-`cluster_utils.Cluster` makes them, no dashboard), started by the first test that asks for it and shut down at the
-session's end. The tests that use it run on one pytest-xdist worker, one after the other (tests/work_units.py), so
-each finds the cluster's CPUs free; starting a cluster costs 15-30 s of a 2-core machine, once instead of once a
-module."""
+`cluster_utils.Cluster` makes them, no dashboard), started by the first test that asks for it and shut down after the
+last of the tests that run on it one after the other. Those tests run on one pytest-xdist worker in a row
+(tests/work_units.py), so each finds the cluster's CPUs free; starting a cluster costs 15-30 s of a 2-core machine,
+once instead of once a module, and an idle one takes a tenth of a core, so it does not outlive its tests."""
 from __future__ import annotations
 
 import os
@@ -35,8 +35,30 @@ def by_value(*module_names: str) -> None:
         cloudpickle.register_pickle_by_value(sys.modules[name])
 
 
-def session_cluster():
-    """The session fixture's body: the cluster (`Cluster.address` for a process that joins it)."""
+class SessionCluster:
+    """The session fixture's value: the cluster, started when a test first asks for its `address` (again after a
+    `shutdown`, where the tests on it do not run in a row: pytest without pytest-xdist)."""
+
+    def __init__(self):
+        self.cluster = None
+
+    @property
+    def address(self) -> str:
+        if self.cluster is None:
+            self.cluster = start_cluster()
+        return self.cluster.address
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+#: the session's cluster; conftest's `pytest_runtest_teardown` shuts it down after the last test of a row on it
+SESSION = SessionCluster()
+
+
+def start_cluster():
     ray_or_skip()
     from ray.cluster_utils import Cluster
     # Ray Train's controller looks at its workers every 2 s by default, so a run's end waits a second on average
@@ -45,9 +67,10 @@ def session_cluster():
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        yield cluster
-    finally:
+    except BaseException:
         cluster.shutdown()
+        raise
+    return cluster
 
 
 def joined(cluster, *module_names: str):
