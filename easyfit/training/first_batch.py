@@ -47,18 +47,19 @@ def prepare(model, eval_net: nn.Module, batches: BatchSource, source: str, train
             targets: bool = True) -> FirstStep:
     """Conform in-memory data to the net evaluation runs (the fit's `module_for_eval`); the `FirstStep` the loop
     runs as the first batch of `batches`."""
-    precision = model.precision
-    data = batch_source(batches)
-    if isinstance(data, TensorBatches):
-        conform(data, model.loss_fn if targets else None, data_dtype(eval_net, precision))
-    return FirstStep(model, batches, source, training)
+    step = FirstStep(model, batches, source, training)
+    if isinstance(step.data, TensorBatches):
+        conform(step.data, model.loss_fn if targets else None, data_dtype(eval_net, step.precision))
+    return step
 
 
 class FirstStep:
-    """Runs the first batch as the loop would, with the checks; the loop then drops it (`Loop.first_steps`)."""
+    """Runs the first batch as the loop would, with the checks; the loop then drops it (`Loop.first_steps`).
+    `data`: the batch source under the batches' step limits and weights; `precision`: the running call's."""
 
     def __init__(self, model, batches: BatchSource, source: str, training: bool):
         self.model, self.batches, self.source, self.training = model, batches, source, training
+        self.data, self.precision = batch_source(batches), model.running.precision
 
     def forward(self, net: nn.Module, inputs):
         """The net's output on the first batch; in-memory integer inputs become floats when the net raised on them."""
@@ -70,22 +71,21 @@ class FirstStep:
             output = self._forward(net, inputs)
         except Exception:
             if self.training:   # a first batch of one into BatchNorm raises in torch: say why and what to do
-                check_batch_of_one(batch_source(self.batches), norms, self.source)
+                check_batch_of_one(self.data, norms, self.source)
             raise
         finally:
             for hook in hooks:
                 hook.remove()
         if self.training:
-            check_batch_of_one(batch_source(self.batches), norms, self.source)
+            check_batch_of_one(self.data, norms, self.source)
         return output
 
     def _forward(self, net: nn.Module, inputs):
-        data, precision = batch_source(self.batches), self.model.precision
         try:
             return call_net(net, inputs)
         except (RuntimeError, TypeError) as error:
-            dtype = data_dtype(net, precision)
-            if not (isinstance(data, TensorBatches) and integers_to_floats(data, dtype)):
+            dtype = data_dtype(net, self.precision)
+            if not (isinstance(self.data, TensorBatches) and integers_to_floats(self.data, dtype)):
                 raise explain(error, net, inputs, self.source) from error
             first = error
         floats = map_tensors(lambda t: t if t.is_floating_point() else t.to(dtype), inputs)
@@ -113,10 +113,9 @@ class FirstStep:
         check_output_kind(output, loss_fn, metrics)
         output = prediction(output)   # a ModelOutput's logits (easyfit.parts.outputs)
         if isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor):
-            data = batch_source(self.batches)
-            target = class_targets(data, output, target, loss_fn)
+            target = class_targets(self.data, output, target, loss_fn)
             check_targets(loss_fn, output, target)
-            labels = class_labels(data, loss_fn, target)
+            labels = class_labels(self.data, loss_fn, target)
             if labels is not None and output.dim() >= 2:
                 check_class_range(loss_fn, output.shape[1], labels)   # every label
             if metrics.pending:
@@ -139,8 +138,8 @@ def _check_validation_batch(model, net: nn.Module, val) -> None:
         raise ValueError("validation_data has no targets: its batches hold inputs only, so there is no validation "
                          "loss to compute. Pass validation_data=(x_val, y_val), or a Dataset / DataLoader whose "
                          "batches are (x, y) pairs.")
-    precision = model.precision
     step = FirstStep(model, val, "the validation data", training=False)
+    precision = step.precision
     cuda = sorted({p.device.index or 0 for p in net.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=cuda), torch.no_grad(), eval_mode(net), precision.autocast():
         output = step.forward(net, precision.convert_input(inputs))

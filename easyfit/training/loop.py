@@ -54,7 +54,7 @@ class Loop:
         """`fit`: the fit's own object (its strategy's `setup` made it), or outside fit the Model's objects."""
         self.model, self.strategy, self.callbacks, self.training = model, fit.strategy, callbacks, fit
         self.net, self.optimizer, self.scheduler = fit.net, fit.optimizer, fit.scheduler
-        self.precision: Precision = model.precision
+        self.precision: Precision = model.running.precision
         self.metrics: MetricSet = model.metrics
         self.settings = settings or TrainingSettings()
         self.rates = rates   # each step's LR scale (`StepRates`): the fit's scale and warmup; None outside fit
