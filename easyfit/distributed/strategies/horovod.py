@@ -68,21 +68,10 @@ class HorovodStrategy(ParallelStrategy):
     def freeze(self, placement: Placement) -> None:
         """Nothing to keep: Horovod's job gives the ranks once this process joined it (`placement`)."""
 
-    @property
-    def world_size(self) -> int:
-        return self.placement.world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self.placement.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.placement.local_rank
-
-    @property
-    def node_rank(self) -> int:
-        return self.placement.node_rank
+    # each rank read from the job's placement as it stands
+    world_size, global_rank, local_rank, node_rank = (
+        property(lambda self, field=field: getattr(self.placement, field))
+        for field in ("world_size", "global_rank", "local_rank", "node_rank"))
 
     @property
     def root_device(self) -> torch.device:
