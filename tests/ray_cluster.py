@@ -59,7 +59,7 @@ SESSION = SessionCluster()
 
 
 def start_cluster():
-    ray_or_skip()
+    """The two nodes, up (the session fixture has skipped its tests where Ray is missing)."""
     from ray.cluster_utils import Cluster
     # Ray Train's controller looks at its workers every 2 s by default, so a run's end waits a second on average
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
