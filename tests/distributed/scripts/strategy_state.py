@@ -39,8 +39,9 @@ def left_behind(before: dict, after: dict) -> dict:
             "changed": sorted(key for key in set(before) & set(after) if not same(before[key], after[key]))}
 
 
-def open_sockets() -> int | None:
-    """The sockets this process holds open (a process group's connections among them); None where /proc is not."""
+def open_sockets() -> set[str] | None:
+    """The sockets this process holds open (a process group's connections among them), by their inodes; None where
+    /proc is not."""
     if not os.path.isdir("/proc/self/fd"):
         return None
     links = []
@@ -49,7 +50,7 @@ def open_sockets() -> int | None:
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
         except FileNotFoundError:   # the listing's own descriptor, closed by now
             pass
-    return sum(link.startswith("socket:") for link in links)
+    return {link for link in links if link.startswith("socket:")}
 
 
 @contextlib.contextmanager
@@ -83,7 +84,8 @@ def assignments(watched):
 def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
     """`call_on_rank` that records each fit's traces, in found[key(plan)] (a list, a record per fit): what it
     assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
-    open once garbage is collected ("sockets": a number; None where they cannot be counted)."""
+    open once garbage is collected ("sockets": how many it opened and left open, so a socket another thread of the
+    process closes meanwhile does not count; None where they cannot be counted)."""
     def call(plan, model, **inputs):
         gc.collect()   # sockets earlier work left to the collector close now, not during this fit's count
         before, sockets = dict(vars(plan.strategy)), open_sockets()
@@ -96,7 +98,7 @@ def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
                     after = open_sockets()
                     found.setdefault(key(plan), []).append(
                         {"assigned": sorted(set(assigned)), **left_behind(before, dict(vars(plan.strategy))),
-                         "model": sorted(set(on_model)), "sockets": None if after is None else after - sockets})
+                         "model": sorted(set(on_model)), "sockets": None if after is None else len(after - sockets)})
     return call
 
 
