@@ -10,6 +10,19 @@ import easyfit
 PACKAGE = pathlib.Path(easyfit.__file__).parent
 
 
+def parse(path: pathlib.Path) -> ast.Module:
+    """The syntax tree of the Python file at `path`. CPython 3.11's `ast.parse` can fail with a spurious
+    "AST constructor recursion depth mismatch" SystemError when another thread of the process parses meanwhile
+    (CPython gh-106905; a pytest worker keeps threads of earlier tests): it is tried once more then."""
+    source = path.read_text(encoding="utf-8")
+    try:
+        return ast.parse(source, str(path))
+    except SystemError as error:
+        if "recursion depth mismatch" not in str(error):
+            raise
+        return ast.parse(source, str(path))
+
+
 class CallsByFunction(ast.NodeVisitor):
     """Collects (enclosing function, line) of each call that `wanted` accepts ("" outside any function)."""
 
@@ -32,6 +45,6 @@ def calls_in_easyfit(wanted: Callable[[ast.Call], bool]) -> list[tuple[str, str,
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         calls = CallsByFunction(wanted)
-        calls.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        calls.visit(parse(path))
         found += [(path.relative_to(PACKAGE).as_posix(), function, line) for function, line in calls.found]
     return found

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from code_scan import parse
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "easyfit"
 MAX_LINES = 400
@@ -27,7 +28,7 @@ def imported_modules(name: str, path: pathlib.Path) -> set[str]:
     """The easyfit modules `name` imports anywhere in its code (a package counts as its __init__)."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -144,7 +145,7 @@ def missing_names(name: str, path: pathlib.Path) -> list[str]:
     """Each `from easyfit.X import y` in `name` (anywhere in its code, lazy imports too) whose `y` is neither a name
     of module X nor a submodule of it, as 'name: from X import y'."""
     missing = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path)):
         if not isinstance(node, ast.ImportFrom) or node.level or node.module not in MODULES:
             continue
         module = importlib.import_module(node.module)
@@ -199,7 +200,7 @@ COMPILED_DOORS = {"easyfit.training.steps", "easyfit.training.plan"}
 
 def imports_of_compiled(path: pathlib.Path) -> list[tuple[int, bool]]:
     """(line, at the module's top level) of each import of easyfit.compiled in the file at `path`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse(path)
     top = {id(node) for node in tree.body}
     found = []
     for node in ast.walk(tree):

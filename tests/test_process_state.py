@@ -8,6 +8,8 @@ import ast
 import pathlib
 import re
 
+from code_scan import parse
+
 ROOT = pathlib.Path(__file__).parents[1]
 PACKAGE = ROOT / "easyfit"
 DOC = ROOT / "docs" / "architecture.md"
@@ -81,7 +83,7 @@ def state_of(tree: ast.Module) -> set[str]:
 def process_state() -> set[tuple[str, str]]:
     """(module path under easyfit/, name) of every module-level mutable global and value read at import."""
     return {(path.relative_to(PACKAGE).as_posix(), name) for path in sorted(PACKAGE.rglob("*.py"))
-            for name in state_of(ast.parse(path.read_text()))}
+            for name in state_of(parse(path))}
 
 
 def documented() -> dict[tuple[str, str], str]:

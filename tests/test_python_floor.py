@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 import re
 
-from code_scan import PACKAGE
+from code_scan import PACKAGE, parse
 
 SETUP = PACKAGE.parent / "setup.py"
 
@@ -29,5 +29,5 @@ def test_python_requires_is_at_least_what_the_code_needs():
     if floor >= (3, 10):
         return
     found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             for line in runtime_unions(ast.parse(path.read_text(encoding="utf-8")))]
+             for line in runtime_unions(parse(path))]
     assert not found, f"python_requires admits Python {floor}, but these lines need 3.10: {found}"

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from code_scan import PACKAGE
+from code_scan import PACKAGE, parse
 from torch import nn
 
 import easyfit
@@ -44,7 +44,7 @@ def internal_uses(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_only_the_door_reaches_into_torchs_compiler_internals():
     found = [f"{path.relative_to(PACKAGE)}:{line} {name}" for path in sorted(PACKAGE.rglob("*.py")) if path != DOOR
-             for line, name in internal_uses(ast.parse(path.read_text(encoding="utf-8")))]
+             for line, name in internal_uses(parse(path))]
     assert not found, found
 
 
