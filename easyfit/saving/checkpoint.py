@@ -163,7 +163,8 @@ def _machine() -> str:
 
 
 def _running(pid: int) -> bool:
-    """Whether process `pid` of this machine runs (this one does; where that cannot be told, it does)."""
+    """Whether process `pid` of this machine runs (this one does; where that cannot be told, it does). One that has
+    ended but that its parent has not reaped yet (a killed rank whose caller was killed too) does not."""
     if pid == os.getpid() or os.name != "posix":
         return True
     try:
@@ -172,7 +173,17 @@ def _running(pid: int) -> bool:
         return False
     except OSError:   # another user's process
         return True
-    return True
+    return not _ended_unreaped(pid)
+
+
+def _ended_unreaped(pid: int) -> bool:
+    """Whether process `pid` has ended and waits for its parent to reap it (a zombie: Linux's /proc says so;
+    where there is no /proc, no)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[:1] == ["Z"]
+    except OSError:
+        return False
 
 
 def load_data(path: str | os.PathLike, map_location=None, trusted: bool = False, allowed: tuple = (), **options):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import itertools
 import os
+import pathlib
 import stat
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -386,3 +388,28 @@ def test_what_a_killed_save_leaves_is_removed_by_the_next_save_or_load(tmp_path)
     leftover.write_bytes(copy)
     easyfit.Model(nn.Linear(4, 1)).save_weights(path)   # a save
     assert not leftover.exists() and all(file.exists() for file in kept)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter Linux's /proc gives process `pid` ("Z": ended, not reaped yet)."""
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="an unreaped process is told by Linux's /proc")
+def test_a_killed_writer_its_parent_has_not_reaped_counts_as_ended(tmp_path):
+    """A writer killed mid-save that its parent has not waited for yet (a zombie, as a rank whose caller was killed
+    too) keeps its process id in use: its temporary file is still removed by the next load, as an ended writer's
+    (it was kept, as a running one's)."""
+    path = tmp_path / "model.pt"
+    easyfit.Model(nn.Linear(4, 1)).save(path)
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(path)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while _process_state(killed.pid) != "Z":   # this test waits for it only at the end
+            assert time.monotonic() < deadline, "the writer did not end"
+            time.sleep(0.05)
+        (leftover,) = [name for name in os.listdir(tmp_path) if name != "model.pt"]
+        easyfit.Model.load(path, nn.Linear(4, 1))
+        assert not (tmp_path / leftover).exists()
+    finally:
+        assert killed.wait(timeout=30) == -9
