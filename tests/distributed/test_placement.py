@@ -18,7 +18,8 @@ from easyfit.distributed.strategies.parallel import Placement, destroy_process_g
 pytestmark = pytest.mark.timeout(300)
 
 #: calls into the environments package one fit may make on a rank: detection, the launcher, one placement read
-MOST_READS = 150
+#: (15 on rank 0 and 23 on rank 1, whose environment read whether easyfit's launcher started it on every question: 62)
+MOST_READS = 30
 
 
 def test_a_ddp_fit_reads_its_ranks_from_the_environment_once_not_per_step(tmp_path):

@@ -89,23 +89,14 @@ class LocalEnvironment(ClusterEnvironment):
     def __init__(self) -> None:
         self._port: int | None = None
         self._world: tuple[int, int, int] | None = None
+        # read once: easyfit's launcher sets the variable when it starts the child, never later
+        self.creates_processes_externally = self.launched_by_easyfit = self.detect()
+        self.name = "easyfit's launcher" if self.creates_processes_externally else "local"
 
     @staticmethod
     def detect() -> bool:
         """True in a child started by easyfit's own launcher; a plain run is what remains when nothing is detected."""
         return env_value(LAUNCHED_RANK_VARIABLE) == "1"
-
-    @property
-    def name(self) -> str:
-        return "easyfit's launcher" if self.creates_processes_externally else "local"
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return self.detect()
-
-    @property
-    def launched_by_easyfit(self) -> bool:
-        return self.detect()
 
     @property
     def main_address(self) -> str:
