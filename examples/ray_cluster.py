@@ -42,18 +42,12 @@ def trial(config: dict) -> None:
                                  batch_size=32, verbose=0, callbacks=[TuneReport()])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=8)
-    args = parser.parse_args()
-    if "RAY_ADDRESS" not in os.environ:   # a local cluster for this run, without Ray's dashboard
-        ray.init(include_dashboard=False)
-    storage = tempfile.mkdtemp(prefix="easyfit-ray-")
-
+def fit_then_search(epochs: int, storage: str) -> None:
+    """A 2-worker fit on the cluster, then a learning-rate search, both keeping their files under `storage`."""
     # 1. the fit of a laptop, on the cluster: 2 workers (processes) under DDP, whose process group Ray makes
     x, y = make_data()
     model = make_model(0.3)
-    history = model.fit(x[:384], y[:384], epochs=args.epochs, batch_size=32, verbose=2, devices=2, strategy="ddp",
+    history = model.fit(x[:384], y[:384], epochs=epochs, batch_size=32, verbose=2, devices=2, strategy="ddp",
                         launcher=easyfit.launchers.Ray(storage_path=storage))
     losses = history.history["loss"]
     loss, accuracy = model.evaluate(x[384:], y[384:], verbose=0)   # the trained weights are in this process
@@ -61,16 +55,26 @@ def main() -> None:
 
     # 2. a search over the learning rate: 4 trials, two at a time; ASHA stops the bad ones at its rungs
     tuner = tune.Tuner(
-        trial, param_space={"lr": tune.grid_search([0.3, 0.1, 0.001, 0.0001]), "epochs": args.epochs},
+        trial, param_space={"lr": tune.grid_search([0.3, 0.1, 0.001, 0.0001]), "epochs": epochs},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=2,
-                                    scheduler=ASHAScheduler(time_attr="epoch", max_t=args.epochs, grace_period=1,
+                                    scheduler=ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1,
                                                             reduction_factor=2)),
         run_config=tune.RunConfig(storage_path=storage, name="lr-search", verbose=0))
     results = tuner.fit()
     epochs_run = [int(result.metrics["epoch"]) for result in results]
     best = results.get_best_result()
-    print(f"tune: epochs run per trial {epochs_run}; stopped early: {sum(e < args.epochs for e in epochs_run)}")
+    print(f"tune: epochs run per trial {epochs_run}; stopped early: {sum(e < epochs for e in epochs_run)}")
     print(f"tune: best lr {best.config['lr']} (val_loss {best.metrics['val_loss']:.4f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=8)
+    args = parser.parse_args()
+    if "RAY_ADDRESS" not in os.environ:   # a local cluster for this run, without Ray's dashboard
+        ray.init(include_dashboard=False)
+    with tempfile.TemporaryDirectory(prefix="easyfit-ray-") as storage:   # the runs' checkpoints and Tune's state
+        fit_then_search(args.epochs, storage)
 
 
 if __name__ == "__main__":

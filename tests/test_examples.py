@@ -126,12 +126,14 @@ def test_the_quickstart_installs_only_what_the_examples_need_and_dev_tests_huggi
 
 
 @pytest.mark.timeout(900)
-def test_ray_cluster_example_fits_on_a_ray_cluster_and_asha_stops_a_bad_trial(ray_cluster):
+def test_ray_cluster_example_fits_on_a_ray_cluster_and_asha_stops_a_bad_trial(ray_cluster, tmp_path):
     """examples/ray_cluster.py on the session's Ray cluster (RAY_ADDRESS): launcher="ray" trains on 2 workers, then a
-    4-trial Tune search whose ASHA scheduler stops at least one trial early and reports the best lr (a large one)."""
+    4-trial Tune search whose ASHA scheduler stops at least one trial early and reports the best lr (a large one); the
+    runs' files go in a temporary folder the example removes."""
     pytest.importorskip("ray.tune", reason='the Ray example needs Ray: pip install "easyfit[ray]"')
     output = run_example("ray_cluster.py", "--epochs", "4", timeout=850,
-                         env={"OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_cluster.address})
+                         env={"OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_cluster.address, "TMPDIR": str(tmp_path)})
+    assert not list(tmp_path.glob("easyfit-ray-*")), "the example left its storage folder behind"
     first, last = map(float, re.search(r"launcher='ray': loss ([0-9.]+) -> ([0-9.]+)", output).groups())
     assert last < first
     assert int(re.search(r"stopped early: (\d+)", output).group(1)) >= 1

@@ -84,10 +84,10 @@ def assignments(watched):
 def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
     """`call_on_rank` that records each fit's traces, in found[key(plan)] (a list, a record per fit): what it
     assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
-    open once garbage is collected ("sockets": how many it opened and left open, so a socket another thread of the
-    process closes meanwhile does not count; None where they cannot be counted)."""
+    open once garbage is collected ("sockets": how many it opened and left open, by inode, so a socket opened before
+    the fit and closed meanwhile, by any thread, does not count; None where they cannot be counted). One collection a
+    fit, after it: in a long-lived pytest worker a collection walks a large heap (about a second each)."""
     def call(plan, model, **inputs):
-        gc.collect()   # sockets earlier work left to the collector close now, not during this fit's count
         before, sockets = dict(vars(plan.strategy)), open_sockets()
         with assignments(plan.strategy) as assigned, assignments(model) as on_model:
             try:
