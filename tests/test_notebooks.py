@@ -26,6 +26,7 @@ def test_there_are_three_notebooks_stored_without_outputs():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")   # two forked ranks share the CPU cores
+    monkeypatch.setenv("TMPDIR", str(tmp_path))   # the folders a notebook makes for its files (tempfile) go here
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
