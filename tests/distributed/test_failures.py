@@ -1,8 +1,11 @@
 """A failure in any rank stops every rank promptly, with the failing rank's original traceback; nothing is orphaned."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 
@@ -13,8 +16,18 @@ pytestmark = pytest.mark.timeout(240)
 LAUNCHERS = ["ddp", "ddp_spawn", "ddp_fork"]
 
 
-def _marker_env() -> dict:
-    return {"EASYFIT_TEST_MARKER": uuid.uuid4().hex}
+@pytest.fixture
+def temporary_folder():
+    """A folder of the test's own for its run's temporary files: short, as a fork server's socket path in it must be
+    (a pytest tmp_path is too long)."""
+    folder = tempfile.mkdtemp(prefix="failures-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _marker_env(temporary_folder: str) -> dict:
+    """The run's processes carry a marker of their own and keep their temporary files in `temporary_folder`."""
+    return {"EASYFIT_TEST_MARKER": uuid.uuid4().hex, "TMPDIR": temporary_folder}
 
 
 def _failure_time(stderr: str) -> float:
@@ -29,16 +42,19 @@ PROMPT_SECONDS = 60
 
 
 def _assert_no_orphans(env: dict) -> None:
-    """Wait for the event (every marked process gone, read from /proc) with a generous deadline."""
+    """Wait for the event (every marked process gone, read from /proc) with a generous deadline; then no temporary
+    file or folder of the run is left either."""
     deadline = time.monotonic() + 30
     while processes_running(env["EASYFIT_TEST_MARKER"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_running(env["EASYFIT_TEST_MARKER"]) == []
+    # torch makes its compiler's cache folder there when its optimizers first import the compiler: a cache, kept
+    assert [name for name in os.listdir(env["TMPDIR"]) if not name.startswith("torchinductor_")] == []
 
 
 @pytest.mark.parametrize("strategy", LAUNCHERS)
-def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_path):
-    env = _marker_env()
+def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-step", "3", "--epochs", "50", env=env)
     finished = time.time()
     assert process.returncode != 0
@@ -50,8 +66,8 @@ def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_pa
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path):
-    env = _marker_env()
+def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "kill", "--epochs", "50", env=env)
     finished = time.time()
     assert process.returncode != 0
@@ -60,8 +76,8 @@ def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path):
     _assert_no_orphans(env)
 
 
-def test_exception_in_rank_0_stops_the_other_ranks(tmp_path):
-    env = _marker_env()
+def test_exception_in_rank_0_stops_the_other_ranks(tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = run_script(tmp_path, "ddp", "--fail-rank", "0", "--epochs", "50", env=env)
     assert process.returncode != 0
     assert "deliberate failure on rank 0 at step 3" in process.stderr
@@ -70,8 +86,8 @@ def test_exception_in_rank_0_stops_the_other_ranks(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path):
-    env = _marker_env()
+def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = start_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "hang", "--epochs", "50", env=env)
     try:
         stderr = ""
@@ -87,8 +103,8 @@ def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path):
     _assert_no_orphans(env)
 
 
-def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path):
-    env = _marker_env()
+def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = run_script(tmp_path, "ddp", "--fail-before-fit", "1", env=env)
     assert process.returncode != 0
     assert "rank 1 failed" in process.stderr
@@ -97,8 +113,8 @@ def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path):
     _assert_no_orphans(env)
 
 
-def test_a_script_that_catches_a_rank_failure_cannot_fit_again_without_its_ranks(tmp_path):
-    env = _marker_env()
+def test_a_script_that_catches_a_rank_failure_cannot_fit_again_without_its_ranks(tmp_path, temporary_folder):
+    env = _marker_env(temporary_folder)
     process = run_script(tmp_path, "ddp", "--fail-rank", "1", "--retry-after-failure", "--epochs", "50", env=env)
     assert process.returncode != 0
     assert "cannot be started again mid-script" in process.stderr

@@ -28,8 +28,9 @@ def _run(out: Path, *command: str, env: dict | None = None) -> subprocess.Comple
     return subprocess.run(list(command), cwd=out, env=env, capture_output=True, text=True, timeout=200)
 
 
-def _torchrun(*options: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *options]
+def _torchrun(out: Path, *options: str) -> list[str]:
+    """torchrun with `options`, its logs in `out` (else it leaves a folder of them in /tmp each run)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(out / "torchrun-logs"), *options]
 
 
 def _result(out: Path) -> dict:
@@ -91,7 +92,7 @@ def test_max_restarts_restart_a_fit_with_a_metric_that_continues_exactly(uninter
 def test_torchrun_restarts_a_ddp_fit_killed_mid_epoch_that_continues_exactly(uninterrupted, tmp_path):
     """Rank 0 killed in batch 1 of epoch 2 (a checkpoint every step): the restarted workers resume at step 1 with
     the epoch's loss and each rank's accuracy state so far (before, epoch 2's accuracy counted batches 1-3 only)."""
-    process = _run(tmp_path, *_torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=1"), SCRIPT,
+    process = _run(tmp_path, *_torchrun(tmp_path, "--standalone", "--nproc-per-node=2", "--max-restarts=1"), SCRIPT,
                    str(tmp_path), "--every", "1", "--fail", "0:kill:0:1:1")
     assert process.returncode == 0, process.stderr[-5000:]
     assert "resumed after restart 1 from epoch 2, step 1" in process.stderr
@@ -103,7 +104,7 @@ def test_torchrun_restarts_a_tensor_parallel_fit_killed_mid_epoch_that_continues
     """strategy="tp" on 2 ranks, rank 1 killed in batch 1 of epoch 2 (a checkpoint every step): the restarted
     workers rebuild the mesh, load the full fault-tolerance checkpoint into their shards and end as the same tp fit
     that never failed."""
-    torchrun = _torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=1")
+    torchrun = _torchrun(tmp_path, "--standalone", "--nproc-per-node=2", "--max-restarts=1")
     uninterrupted = _run(tmp_path / "uninterrupted", *torchrun, SCRIPT, str(tmp_path / "uninterrupted"),
                          "--strategy", "tp")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-5000:]
@@ -128,7 +129,7 @@ def test_a_mid_epoch_model_checkpoint_resumes_on_two_processes_with_the_whole_hi
 def test_torchrun_restarts_a_sharded_fit_that_continues_exactly(uninterrupted, tmp_path):
     """fsdp with a sharded checkpoint (a folder every rank writes) under torchrun --standalone: rank 1 killed in
     epoch 2, then raising in epoch 3; the restarted workers meet and continue."""
-    process = _run(tmp_path, *_torchrun("--standalone", "--nproc-per-node=2", "--max-restarts=2"), SCRIPT,
+    process = _run(tmp_path, *_torchrun(tmp_path, "--standalone", "--nproc-per-node=2", "--max-restarts=2"), SCRIPT,
                    str(tmp_path), "--strategy", "fsdp-sharded", *KILL_THEN_RAISE)
     assert process.returncode == 0, process.stderr[-5000:]
     assert "deliberate failure on rank 1 in epoch 3, batch 1" in process.stderr
@@ -160,10 +161,10 @@ def test_a_restart_on_fewer_processes_reshards_the_data_and_rescales_the_lr(tmp_
     sample of each epoch trained once, and the summary line says what changed."""
     rendezvous = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id=shrink-{os.getpid()}",
                   "--max-restarts=1"]
-    lost = _run(tmp_path, *_torchrun(*rendezvous, "--nproc-per-node=2"), SCRIPT, str(tmp_path), "--record",
+    lost = _run(tmp_path, *_torchrun(tmp_path, *rendezvous, "--nproc-per-node=2"), SCRIPT, str(tmp_path), "--record",
                 "--every", "2", "--fail", "0:lose-node:0:1:2")
     assert lost.returncode != 0
-    process = _run(tmp_path, *_torchrun(*rendezvous, "--nproc-per-node=1"), SCRIPT, str(tmp_path), "--record",
+    process = _run(tmp_path, *_torchrun(tmp_path, *rendezvous, "--nproc-per-node=1"), SCRIPT, str(tmp_path), "--record",
                    "--every", "2")
     assert process.returncode == 0, process.stderr[-5000:]
     outcome = _result(tmp_path)

@@ -30,7 +30,8 @@ def test_two_pods_of_a_pytorchjob_train_as_plain_pytorch_on_the_combined_batch(t
     for pod in range(2):
         out = tmp_path / f"pod{pod}"
         out.mkdir()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **pod_environment(pod, port)}
+        # torchrun's logs in the pod's folder (else it leaves a folder of them in /tmp each run)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **pod_environment(pod, port), "PET_LOG_DIR": str(out / "logs")}
         # the container's command: torchrun SCRIPT, every torchrun option from the PET_* variables
         pods.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", str(SCRIPTS / "train.py"),
                                       str(out), "ddp", "--lr", "0.1", "--devices", "1", "--num-nodes", "2"],

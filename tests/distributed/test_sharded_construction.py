@@ -35,7 +35,8 @@ NO_WEIGHTS = "the net holds no full weights"
 
 
 def run(tmp_path, strategy: str, torchrun: bool, *options: str) -> list[dict]:
-    command = [sys.executable, *(["-m", "torch.distributed.run", "--nproc_per_node", "2"] if torchrun else []),
+    torchrun_options = ["--nproc_per_node", "2", "--log-dir", str(tmp_path / "torchrun-logs")]   # not in /tmp
+    command = [sys.executable, *(["-m", "torch.distributed.run", *torchrun_options] if torchrun else []),
                str(SCRIPTS / "construction.py"), str(tmp_path), strategy, *options]
     process = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                              timeout=240, stdin=subprocess.DEVNULL)

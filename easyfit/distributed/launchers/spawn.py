@@ -12,6 +12,7 @@ No rank outlives its caller: a rank ends when its parent (the caller's thread, o
 server when its caller does (Linux: `lifetime`, `fork_server`), and SIGTERM of the caller stops the ranks first."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import multiprocessing
 import os
@@ -117,7 +118,17 @@ class ProcessLauncher(Launcher):
         except BaseException:
             _stop_processes(processes.processes)
             raise
+        finally:
+            _remove_error_files(processes.error_files)
         return read_result(exchange_dir)
+
+
+def _remove_error_files(paths: list[str]) -> None:
+    """torch's start_processes has a failing rank write its traceback to a file in the temporary folder, which it
+    reads and leaves there; easyfit reads each rank's own report from the call's folder, and removes torch's."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _stop_processes(processes) -> None:
