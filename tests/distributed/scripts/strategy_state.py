@@ -85,8 +85,9 @@ def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
     """`call_on_rank` that records each fit's traces, in found[key(plan)] (a list, a record per fit): what it
     assigned on the strategy and left on it (`left_behind`), what it assigned on the Model, and the sockets it left
     open once garbage is collected ("sockets": how many it opened and left open, by inode, so a socket opened before
-    the fit and closed meanwhile, by any thread, does not count; None where they cannot be counted). One collection a
-    fit, after it: in a long-lived pytest worker a collection walks a large heap (about a second each)."""
+    the fit and closed meanwhile, by any thread, does not count; None where they cannot be counted). Garbage is
+    collected only where a fit's sockets seem left: in a long-lived pytest worker a collection walks a large heap
+    (about a second each)."""
     def call(plan, model, **inputs):
         before, sockets = dict(vars(plan.strategy)), open_sockets()
         with assignments(plan.strategy) as assigned, assignments(model) as on_model:
@@ -94,8 +95,10 @@ def recording(call_on_rank, found: dict, key=lambda plan: plan.strategy.name):
                 return call_on_rank(plan, model, **inputs)
             finally:
                 if plan.kind.trains:
-                    gc.collect()
                     after = open_sockets()
+                    if after and after - sockets:   # open, or only waiting for the collector: collect, count again
+                        gc.collect()
+                        after = open_sockets()
                     found.setdefault(key(plan), []).append(
                         {"assigned": sorted(set(assigned)), **left_behind(before, dict(vars(plan.strategy))),
                          "model": sorted(set(on_model)), "sockets": None if after is None else len(after - sockets)})
