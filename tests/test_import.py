@@ -26,16 +26,27 @@ print(json.dumps({{"torch": middle - start, "easyfit": end - middle,
 """
 
 
+def light(runs: list[dict]) -> bool:
+    """The best of the runs adds at most 150 ms over torch's import, or a tenth of torch's own time (a slow machine)."""
+    return min(run["easyfit"] for run in runs) <= 0.15 or min(run["easyfit"] / run["torch"] for run in runs) <= 0.1
+
+
 @pytest.fixture(scope="module")
 def fresh_imports() -> list[dict]:
-    """Six fresh interpreters, each timing `import torch` and then `import easyfit`, with the modules' bytecode
-    cached as an installed package has it (a first, untimed run writes it where PYTHONDONTWRITEBYTECODE kept it
-    from being written: compiling easyfit's sources anew took 0.15-0.25 s of the time here, the import itself
-    0.04-0.07 s)."""
+    """Fresh interpreters, each timing `import torch` and then `import easyfit`, until the runs are `light` (at most
+    six: a busy machine needs more), with the modules' bytecode cached as an installed package has it (a first,
+    untimed run writes it where PYTHONDONTWRITEBYTECODE kept it from being written: compiling easyfit's sources anew
+    took 0.15-0.25 s of the time here, the import itself 0.04-0.07 s)."""
     environment = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
-    runs = [json.loads(subprocess.run([sys.executable, "-c", TIMED_IMPORT], capture_output=True, text=True,
-                                      check=True, timeout=120, env=environment).stdout) for _ in range(7)]
-    return runs[1:]
+
+    def timed() -> dict:
+        return json.loads(subprocess.run([sys.executable, "-c", TIMED_IMPORT], capture_output=True, text=True,
+                                         check=True, timeout=120, env=environment).stdout)
+    timed()
+    runs = [timed()]
+    while not light(runs) and len(runs) < 6:
+        runs.append(timed())
+    return runs
 
 
 @pytest.mark.timeout(400)
@@ -45,14 +56,11 @@ def test_import_easyfit_loads_no_optional_package(fresh_imports):
 
 @pytest.mark.timeout(400)
 def test_import_adds_at_most_150_ms_over_torch(fresh_imports):
-    """The best of six runs discounts a busy machine (another pytest-xdist worker runs beside it). A slow machine
-    (this 2-core VM took 1.5-3.7 s for `import torch` and 0.12-0.2 s for easyfit on the same code, CPU time as
+    """The best of up to six runs discounts a busy machine (another pytest-xdist worker runs beside it). A slow
+    machine (this 2-core VM took 1.5-3.7 s for `import torch` and 0.12-0.2 s for easyfit on the same code, CPU time as
     wall time) may instead show at most a tenth of torch's own import time in the same interpreter: importing
     torch's compiler or an optional backend would still add several tenths."""
-    overhead = min(run["easyfit"] for run in fresh_imports)
-    share = min(run["easyfit"] / run["torch"] for run in fresh_imports)
-    assert overhead <= 0.15 or share <= 0.1, \
-        f"import easyfit took {overhead:.3f} s after import torch ({share:.2f} of its time): {fresh_imports}"
+    assert light(fresh_imports), f"import easyfit took too long after import torch: {fresh_imports}"
 
 
 DOCS = [pathlib.Path(__file__).resolve().parents[1] / "README.md",
