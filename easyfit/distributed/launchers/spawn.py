@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import traceback
-from multiprocessing import forkserver, reduction
+from multiprocessing import forkserver, reduction, util
 from typing import Any, Callable
 
 import torch
@@ -47,6 +47,8 @@ PRELOADED = ["easyfit", "easyfit.distributed.launchers.fork_server"]
 #: imported by the server too where the caller has them, as each rank would import them again: torch._dynamo (every
 #: torch optimizer imports it, 1.2 s a process) and torchmetrics (the caller's metric objects reach every rank; 3.5 s)
 PRELOADED_IF_CALLER_HAS = ("torch._dynamo", "torchmetrics")
+#: the longest path a Unix socket takes (macOS's 104 bytes less the closing NUL; Linux takes 107)
+SOCKET_PATH_MAX = 103
 #: the file descriptors of standard output and error
 OUTPUTS = (1, 2)
 WATCH_INTERVAL = 0.1
@@ -142,14 +144,24 @@ def _stop_processes(processes) -> None:
 
 
 def process_start(start_method: str) -> str:
-    """multiprocessing's start method for a launcher's: "spawn" as "forkserver" where there is one, the server
-    importing PRELOADED and those of PRELOADED_IF_CALLER_HAS the caller has imported before it forks its first rank."""
-    if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+    """multiprocessing's start method for a launcher's: "spawn" as "forkserver" where there is one and its socket
+    fits in the temporary directory, the server importing PRELOADED and those of PRELOADED_IF_CALLER_HAS the caller
+    has imported before it forks its first rank."""
+    if start_method != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods() or \
+            not _server_socket_fits():
         return start_method
     # read when the server starts: the first call
     loaded = [name for name in PRELOADED_IF_CALLER_HAS if name in sys.modules]
     multiprocessing.set_forkserver_preload(PRELOADED + loaded)
     return "forkserver"
+
+
+def _server_socket_fits() -> bool:
+    """The fork server listens on a Unix socket in multiprocessing's folder in the temporary directory; under a long
+    TMPDIR (a cluster's job folder) that path is longer than a socket's may be, and the server cannot start ("AF_UNIX
+    path too long"): the ranks are spawned then, each importing torch itself."""
+    socket_path = os.path.join(util.get_temp_dir(), "listener-" + "x" * 8)   # named as multiprocessing names it
+    return len(os.fsencode(socket_path)) <= SOCKET_PATH_MAX
 
 
 class CallerSide:
