@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
+from runner import result, run_script
 from torch import nn
 
 import easyfit
@@ -60,31 +60,13 @@ def test_the_server_imports_what_each_rank_would_import_again(monkeypatch):
     assert {"easyfit", "torch._dynamo", "torchmetrics"} <= set(chosen), chosen
 
 
-LONG_TMPDIR_FIT = """
-import sys
-import torch
-from torch import nn
-import easyfit
-from easyfit.distributed.launchers.spawn import process_start
-
-if __name__ == "__main__":
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    model = easyfit.Model(nn.Linear(4, 2), "cross_entropy", "sgd")
-    model.fit(x, (x[:, 0] > 0).long(), epochs=1, batch_size=16, verbose=0, devices=2, accelerator="cpu",
-              strategy="ddp_spawn")
-    print("started by", process_start("spawn"), "world size", model.history.params["world_size"])
-"""
-
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
 def test_under_a_temporary_directory_too_long_for_the_server_s_socket_the_ranks_are_spawned(tmp_path):
     """A cluster job's TMPDIR can be longer than a Unix socket's path may be (107 bytes on Linux), where the fork
-    server cannot listen ("AF_UNIX path too long"): the ranks are spawned instead, and the fit trains."""
+    server cannot listen ("AF_UNIX path too long"): the ranks are spawned instead, and the fit trains on both."""
     temporary = tmp_path / ("job-" + "0" * max(1, 110 - len(str(tmp_path))))
     temporary.mkdir()
-    script = tmp_path / "fit.py"
-    script.write_text(LONG_TMPDIR_FIT)
-    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200,
-                             env={**os.environ, "TMPDIR": str(temporary), "OMP_NUM_THREADS": "1"})
+    process = run_script(tmp_path, "ddp_spawn", "--epochs", "1", env={"TMPDIR": str(temporary)}, timeout=200)
     assert process.returncode == 0, process.stderr[-4000:]
-    assert "started by spawn world size 2" in process.stdout
+    assert result(tmp_path)["world_size"] == 2
