@@ -17,17 +17,12 @@ LAUNCHERS = ["ddp", "ddp_spawn", "ddp_fork"]
 
 
 @pytest.fixture
-def temporary_folder():
-    """A folder of the test's own for its run's temporary files: short, as a fork server's socket path in it must be
-    (a pytest tmp_path is too long)."""
+def env():
+    """The run's variables: a marker its processes carry, and a temporary folder of its own (short, so that
+    ddp_spawn's ranks still start from its fork server, whose socket a pytest tmp_path is too long a path for)."""
     folder = tempfile.mkdtemp(prefix="failures-")
-    yield folder
+    yield {"EASYFIT_TEST_MARKER": uuid.uuid4().hex, "TMPDIR": folder}
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _marker_env(temporary_folder: str) -> dict:
-    """The run's processes carry a marker of their own and keep their temporary files in `temporary_folder`."""
-    return {"EASYFIT_TEST_MARKER": uuid.uuid4().hex, "TMPDIR": temporary_folder}
 
 
 def _failure_time(stderr: str) -> float:
@@ -61,8 +56,7 @@ def _torchs_own(path: str) -> bool:
 
 
 @pytest.mark.parametrize("strategy", LAUNCHERS)
-def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_path, env):
     process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-step", "3", "--epochs", "50", env=env)
     finished = time.time()
     assert process.returncode != 0
@@ -74,8 +68,7 @@ def test_exception_in_rank_1_stops_all_ranks_with_its_traceback(strategy, tmp_pa
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path, env):
     process = run_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "kill", "--epochs", "50", env=env)
     finished = time.time()
     assert process.returncode != 0
@@ -84,8 +77,7 @@ def test_rank_killed_by_a_signal_stops_all_ranks(strategy, tmp_path, temporary_f
     _assert_no_orphans(env)
 
 
-def test_exception_in_rank_0_stops_the_other_ranks(tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_exception_in_rank_0_stops_the_other_ranks(tmp_path, env):
     process = run_script(tmp_path, "ddp", "--fail-rank", "0", "--epochs", "50", env=env)
     assert process.returncode != 0
     assert "deliberate failure on rank 0 at step 3" in process.stderr
@@ -94,8 +86,7 @@ def test_exception_in_rank_0_stops_the_other_ranks(tmp_path, temporary_folder):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path, env):
     process = start_script(tmp_path, strategy, "--fail-rank", "1", "--fail-mode", "hang", "--epochs", "50", env=env)
     try:
         stderr = ""
@@ -111,8 +102,7 @@ def test_ctrl_c_in_the_caller_stops_every_rank(strategy, tmp_path, temporary_fol
     _assert_no_orphans(env)
 
 
-def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path, env):
     process = run_script(tmp_path, "ddp", "--fail-before-fit", "1", env=env)
     assert process.returncode != 0
     assert "rank 1 failed" in process.stderr
@@ -121,8 +111,7 @@ def test_a_rank_failing_before_its_first_call_stops_the_run_at_once(tmp_path, te
     _assert_no_orphans(env)
 
 
-def test_a_script_that_catches_a_rank_failure_cannot_fit_again_without_its_ranks(tmp_path, temporary_folder):
-    env = _marker_env(temporary_folder)
+def test_a_script_that_catches_a_rank_failure_cannot_fit_again_without_its_ranks(tmp_path, env):
     process = run_script(tmp_path, "ddp", "--fail-rank", "1", "--retry-after-failure", "--epochs", "50", env=env)
     assert process.returncode != 0
     assert "cannot be started again mid-script" in process.stderr
