@@ -79,9 +79,10 @@ def test_ci_keeps_its_soak_sizes_for_a_stage_only_while_the_stage_starts_before_
     """A slow machine's CI run drops its extra draws and strategies for the stages that start late, to end within 45
     minutes (.ci/run's `soak_while`)."""
     script = (EXAMPLES.parent / ".ci" / "run").read_text(encoding="utf-8")
+    sizes = re.search(r"\nsoak_sizes=\(.*?\)\n", script).group(0)   # the names the function unsets
     function = re.search(r"\nsoak_while\(\) \{.*?\n\}\n", script, re.S).group(0)
     soak = {"EASYFIT_COMPILE_CONFIGS": "200", "EASYFIT_ELASTIC_STRATEGIES": "all", "EASYFIT_RAY_STRATEGIES": "all"}
-    shown = subprocess.run(["bash", "-c", f'{function}SECONDS={gone}; soak_while 950 "the test command"; '
+    shown = subprocess.run(["bash", "-c", f'{sizes}{function}SECONDS={gone}; soak_while 950 "the test command"; '
                             'env | grep ^EASYFIT_ | sort'], env={**os.environ, **soak}, capture_output=True,
                            text=True, timeout=30, check=True).stdout
     kept = [line for line in shown.splitlines() if line.partition("=")[0] in soak]
