@@ -73,7 +73,6 @@ def test_ci_runs_the_readme_commands_in_a_new_environment():
     assert 'eval "${readme[1]}"' in script
 
 
-
 @pytest.mark.parametrize("gone", [949, 951])
 def test_ci_keeps_its_soak_sizes_for_a_stage_only_while_the_stage_starts_before_its_mark(gone):
     """A slow machine's CI run drops its extra draws and strategies for the stages that start late, to end within 45
@@ -90,6 +89,7 @@ def test_ci_keeps_its_soak_sizes_for_a_stage_only_while_the_stage_starts_before_
         assert kept == sorted(f"{name}={value}" for name, value in soak.items()), shown
     else:
         assert kept == [] and "before the test command (its mark: 950 s): the rest at a newcomer's sizes" in shown
+
 
 def test_custom_strategy_example_matches_plain_pytorch():
     """docs/strategies.md's example: a user's Strategy subclass passed to fit trains on 2 CPU processes exactly as

@@ -60,7 +60,6 @@ def test_the_server_imports_what_each_rank_would_import_again(monkeypatch):
     assert {"easyfit", "torch._dynamo", "torchmetrics"} <= set(chosen), chosen
 
 
-
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
 def test_under_a_temporary_directory_too_long_for_the_server_s_socket_the_ranks_are_spawned(tmp_path):
     """A cluster job's TMPDIR can be longer than a Unix socket's path may be (107 bytes on Linux), where the fork
